@@ -1,0 +1,133 @@
+//! Wiring: connect to NATS, subscribe, start the workers, run until told to
+//! stop, then drain in order — intake, workers, publishes — within the grace
+//! period.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::SystemClock;
+use crate::config::Settings;
+use crate::ingest::{self, Dispatcher};
+use crate::judge::Judge;
+use crate::metrics::Metrics;
+use crate::publish::Publisher;
+
+/// Why loopguard could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("cannot set up the NATS connection: {0}")]
+    Connect(#[from] async_nats::ConnectError),
+    #[error("cannot subscribe to {subject}: {source}")]
+    Subscribe {
+        subject: String,
+        source: async_nats::SubscribeError,
+    },
+}
+
+/// Runs loopguard until `stop` resolves, then shuts down gracefully.
+pub async fn run(
+    settings: Settings,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), AppError> {
+    let settings = Arc::new(settings);
+    let config = &settings.config;
+    let metrics = Metrics::new();
+    let judge = Arc::new(Judge::new(
+        settings.clone(),
+        Arc::new(SystemClock),
+        metrics.clone(),
+    ));
+
+    let client = connect(&settings, &metrics).await?;
+    let subjects = judge.subjects().clone();
+    let subscribe = |subject: String| {
+        let client = client.clone();
+        async move {
+            client
+                .subscribe(subject.clone())
+                .await
+                .map_err(|source| AppError::Subscribe { subject, source })
+        }
+    };
+    let raw = subscribe(subjects.raw_wildcard()).await?;
+    let join = subscribe(subjects.join_wildcard()).await?;
+    tracing::info!(
+        raw = %subjects.raw_wildcard(), join = %subjects.join_wildcard(),
+        mode = ?config.mode, "subscribed"
+    );
+
+    let workers = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .max(2);
+    let publisher = Publisher::new(client.clone());
+    let (dispatcher, handles) = Dispatcher::spawn(workers, judge.clone(), publisher.clone());
+
+    // The grace period runs from the signal, not from start-up.
+    let grace = Duration::from_secs(config.shutdown.grace_seconds);
+    let signalled = Arc::new(tokio::sync::Notify::new());
+    let stop = {
+        let signalled = signalled.clone();
+        async move {
+            stop.await;
+            signalled.notify_one();
+        }
+    };
+    let drain = async move {
+        ingest::run(raw, join, &dispatcher, stop).await;
+        drop(dispatcher);
+        tracing::info!("shutdown: waiting for workers to publish what was taken in");
+        for handle in handles {
+            let _ = handle.await;
+        }
+        tracing::info!("shutdown: flushing");
+        if let Err(e) = publisher.flush().await {
+            tracing::warn!(error = %e, "shutdown: flush failed");
+        }
+    };
+    tokio::select! {
+        _ = drain => tracing::info!("shutdown: complete"),
+        _ = async {
+            signalled.notified().await;
+            tokio::time::sleep(grace).await
+        } => tracing::warn!(grace_seconds = grace.as_secs(), "shutdown: grace period over, exiting with work left"),
+    }
+    Ok(())
+}
+
+/// Connects with unbounded retries, from the first attempt on: a NATS
+/// server that is not up yet must not stop loopguard (contract §6).
+async fn connect(settings: &Settings, metrics: &Metrics) -> Result<async_nats::Client, AppError> {
+    let config = &settings.config;
+    let was_connected = Arc::new(AtomicBool::new(false));
+    let m = metrics.clone();
+    let options = async_nats::ConnectOptions::new()
+        .name("loopguard")
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .subscription_capacity(config.nats.subscription_capacity)
+        .event_callback(move |event| {
+            let m = m.clone();
+            let was_connected = was_connected.clone();
+            async move {
+                match event {
+                    async_nats::Event::Connected => {
+                        m.nats_connected.set(1);
+                        if was_connected.swap(true, Ordering::SeqCst) {
+                            m.nats_reconnects.inc();
+                            tracing::info!("reconnected to NATS");
+                        } else {
+                            tracing::info!("connected to NATS");
+                        }
+                    }
+                    async_nats::Event::Disconnected => {
+                        m.nats_connected.set(0);
+                        tracing::warn!("disconnected from NATS; reconnecting");
+                    }
+                    other => tracing::warn!(event = %other, "NATS client event"),
+                }
+            }
+        });
+    tracing::info!(url = %config.nats.url, "connecting to NATS");
+    Ok(options.connect(config.nats.url.as_str()).await?)
+}

@@ -1,0 +1,587 @@
+//! Configuration (contract §6): a TOML file plus `LOOPGUARD__SECTION__KEY`
+//! environment overrides, read through the `config` crate, then validated
+//! whole before anything connects or binds.
+//!
+//! Every struct denies unknown fields, so a typo stops start-up with a message
+//! naming the key instead of being silently ignored.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::names::Name;
+
+/// Prefix of environment overrides; sections and keys are separated by `__`.
+pub const ENV_PREFIX: &str = "LOOPGUARD__";
+
+/// Why a configuration cannot be used. Always names the key or the variable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path}: not found")]
+    Missing { path: String },
+    #[error("{0}")]
+    Load(#[from] config::ConfigError),
+    #[error("environment variable {var}: {message}")]
+    Env { var: String, message: String },
+    #[error("config key `{key}`: {message}")]
+    Invalid { key: String, message: String },
+}
+
+fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+/// Whether rules 2-6 reject (`enforce`) or only report (`observe`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Enforce,
+    Observe,
+}
+
+/// The whole configuration, as read from file and environment.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `enforce` rejects; `observe` reports what it would have rejected.
+    pub mode: Mode,
+    pub nats: NatsConfig,
+    pub http: HttpConfig,
+    pub events: EventsConfig,
+    pub limits: LimitsConfig,
+    pub state: StateConfig,
+    pub rules: RulesConfig,
+    pub shutdown: ShutdownConfig,
+    /// Per-world overrides, keyed by world name. Not settable from the
+    /// environment (contract §6).
+    pub worlds: BTreeMap<String, WorldOverride>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NatsConfig {
+    /// Server URL(s), comma separated.
+    pub url: String,
+    /// Subject prefix `P` of every subject loopguard reads or writes.
+    pub prefix: String,
+    /// Messages buffered per subscription before the client drops them as a
+    /// slow consumer. Large enough to absorb bursts while workers catch up.
+    pub subscription_capacity: usize,
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        NatsConfig {
+            url: "nats://127.0.0.1:4222".into(),
+            prefix: "chat".into(),
+            subscription_capacity: 65_536,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Address of the metrics, health and admin server.
+    pub listen: String,
+    /// Bearer token of the admin API; empty disables it (403).
+    pub admin_token: String,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            listen: "0.0.0.0:9464".into(),
+            admin_token: String::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventsConfig {
+    /// Publish an event for plain approvals too (edits and rejections always
+    /// get one).
+    pub approved: bool,
+}
+
+impl Default for EventsConfig {
+    fn default() -> Self {
+        EventsConfig { approved: true }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Larger payloads are rejected with rule `too_large`.
+    pub max_payload_bytes: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_payload_bytes: 65_536,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StateConfig {
+    /// Most worlds held at once; the least recently used are evicted beyond it.
+    pub max_worlds: u64,
+    /// A world (or roster entry) untouched this long may be forgotten.
+    pub idle_seconds: u64,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        StateConfig {
+            max_worlds: 100_000,
+            idle_seconds: 3600,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShutdownConfig {
+    /// Longest time a SIGTERM drain may take before loopguard exits anyway.
+    pub grace_seconds: u64,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        ShutdownConfig { grace_seconds: 10 }
+    }
+}
+
+/// Limits of the loop rules (contract §5). A limit of 0 disables its rule.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RulesConfig {
+    pub turns: TurnsLimit,
+    pub depth: DepthLimit,
+    pub duplicate: DuplicateLimit,
+    pub cooldown: CooldownLimit,
+    pub rate: RateLimit,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TurnsLimit {
+    /// Agent messages allowed between two human or system messages.
+    pub max: u32,
+}
+
+impl Default for TurnsLimit {
+    fn default() -> Self {
+        TurnsLimit { max: 20 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DepthLimit {
+    /// Deepest reply chain an agent message may extend to.
+    pub max: u32,
+}
+
+impl Default for DepthLimit {
+    fn default() -> Self {
+        DepthLimit { max: 8 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DuplicateLimit {
+    /// How long an approved message's normalised content blocks a repeat.
+    pub window_seconds: u64,
+}
+
+impl Default for DuplicateLimit {
+    fn default() -> Self {
+        DuplicateLimit {
+            window_seconds: 300,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CooldownLimit {
+    /// Least time between two approved messages of one agent in one world.
+    pub seconds: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RateLimit {
+    /// Approved messages one agent may send in one world per window.
+    pub max: u32,
+    pub window_seconds: u64,
+}
+
+impl Default for RateLimit {
+    fn default() -> Self {
+        RateLimit {
+            max: 10,
+            window_seconds: 60,
+        }
+    }
+}
+
+/// A `[worlds.NAME]` section as written: agents, and rule keys that replace
+/// the global ones for that world only.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorldOverride {
+    /// Agents on the world's roster from the start.
+    pub agents: Vec<String>,
+    /// Any subset of `[rules]`, merged over the global rules.
+    pub rules: serde_json::Value,
+}
+
+/// What the pipeline uses for one world: roster seed and effective rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorldSettings {
+    pub agents: Vec<Name>,
+    pub rules: RulesConfig,
+}
+
+/// A validated configuration with per-world settings resolved.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub config: Config,
+    /// The global rules, as settings for worlds without a section.
+    pub default_world: Arc<WorldSettings>,
+    pub worlds: HashMap<Name, Arc<WorldSettings>>,
+}
+
+impl Settings {
+    /// The settings in force for `world`.
+    pub fn world(&self, world: &Name) -> &Arc<WorldSettings> {
+        self.worlds.get(world).unwrap_or(&self.default_world)
+    }
+}
+
+impl Config {
+    /// Reads `path` (required when given) and the `LOOPGUARD__…` variables in
+    /// `env`, then validates the result.
+    pub fn load(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Settings, ConfigError> {
+        let overrides = env_overrides(env)?;
+        let mut builder =
+            config::Config::builder().add_source(config::Config::try_from(&Config::default())?);
+        if let Some(path) = path {
+            if !path.is_file() {
+                return Err(ConfigError::Missing {
+                    path: path.display().to_string(),
+                });
+            }
+            builder = builder.add_source(
+                config::File::from(path)
+                    .format(config::FileFormat::Toml)
+                    .required(true),
+            );
+        }
+        builder = builder.add_source(
+            config::Environment::with_prefix("LOOPGUARD")
+                .prefix_separator("__")
+                .separator("__")
+                .source(Some(overrides.into_iter().collect())),
+        );
+        let config: Config = builder.build()?.try_deserialize()?;
+        config.validate()
+    }
+
+    /// Checks every value and resolves per-world settings.
+    pub fn validate(self) -> Result<Settings, ConfigError> {
+        if self.nats.url.trim().is_empty() {
+            return Err(invalid("nats.url", "must not be empty"));
+        }
+        validate_prefix(&self.nats.prefix)?;
+        if self.nats.subscription_capacity == 0 {
+            return Err(invalid("nats.subscription_capacity", "must be at least 1"));
+        }
+        self.http.listen.parse::<SocketAddr>().map_err(|e| {
+            invalid(
+                "http.listen",
+                format!("{:?} is not an address: {e}", self.http.listen),
+            )
+        })?;
+        if self.limits.max_payload_bytes == 0 {
+            return Err(invalid("limits.max_payload_bytes", "must be at least 1"));
+        }
+        if self.state.max_worlds == 0 {
+            return Err(invalid("state.max_worlds", "must be at least 1"));
+        }
+        if self.state.idle_seconds == 0 {
+            return Err(invalid("state.idle_seconds", "must be at least 1"));
+        }
+        if self.shutdown.grace_seconds == 0 {
+            return Err(invalid("shutdown.grace_seconds", "must be at least 1"));
+        }
+
+        let mut worlds = HashMap::new();
+        for (raw, section) in &self.worlds {
+            let key = format!("worlds.{raw}");
+            let world = Name::parse(raw).map_err(|e| invalid(&key, format!("world name {e}")))?;
+            let mut agents = Vec::new();
+            for agent in &section.agents {
+                let name = Name::parse(agent).map_err(|e| {
+                    invalid(format!("{key}.agents"), format!("agent {agent:?} {e}"))
+                })?;
+                agents.push(name);
+            }
+            let rules = merge_rules(&self.rules, &section.rules)
+                .map_err(|e| invalid(format!("{key}.rules"), e))?;
+            if worlds
+                .insert(world, Arc::new(WorldSettings { agents, rules }))
+                .is_some()
+            {
+                return Err(invalid(
+                    &key,
+                    "world named twice (names are case-insensitive)",
+                ));
+            }
+        }
+        let default_world = Arc::new(WorldSettings {
+            agents: Vec::new(),
+            rules: self.rules.clone(),
+        });
+        Ok(Settings {
+            config: self,
+            default_world,
+            worlds,
+        })
+    }
+}
+
+/// The prefix is one or more subject tokens of `[A-Za-z0-9_-]`.
+fn validate_prefix(prefix: &str) -> Result<(), ConfigError> {
+    let ok = !prefix.is_empty()
+        && prefix
+            .split('.')
+            .all(|t| !t.is_empty() && t.bytes().all(crate::names::is_name_byte));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            "nats.prefix",
+            format!("{prefix:?} must be dot-separated tokens of A-Z, a-z, 0-9, '_' and '-'"),
+        ))
+    }
+}
+
+/// Lays a world's partial `rules` table over the global rules.
+fn merge_rules(global: &RulesConfig, patch: &serde_json::Value) -> Result<RulesConfig, String> {
+    let mut merged = serde_json::to_value(global).map_err(|e| e.to_string())?;
+    merge_json(&mut merged, patch);
+    serde_json::from_value(merged).map_err(|e| e.to_string())
+}
+
+fn merge_json(base: &mut serde_json::Value, patch: &serde_json::Value) {
+    match (base, patch) {
+        (serde_json::Value::Object(base), serde_json::Value::Object(patch)) => {
+            for (k, v) in patch {
+                match base.get_mut(k) {
+                    Some(slot) => merge_json(slot, v),
+                    None => {
+                        base.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (_, serde_json::Value::Null) => {}
+        (base, patch) => *base = patch.clone(),
+    }
+}
+
+/// Keeps the `LOOPGUARD__…` variables, refusing any that names no key: the
+/// `config` crate would otherwise report the key without the variable, or
+/// (for per-world sections) accept what the contract forbids.
+fn env_overrides(
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<Vec<(String, String)>, ConfigError> {
+    let known = leaf_keys();
+    let mut kept = Vec::new();
+    for (var, value) in env {
+        let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
+        let key = rest.to_ascii_lowercase().replace("__", ".");
+        if key == "worlds" || key.starts_with("worlds.") {
+            return Err(ConfigError::Env {
+                var,
+                message:
+                    "per-world sections cannot be set from the environment; use the config file"
+                        .into(),
+            });
+        }
+        if !known.contains(&key) {
+            return Err(ConfigError::Env {
+                var,
+                message: format!("no config key `{key}`"),
+            });
+        }
+        kept.push((var, value));
+    }
+    Ok(kept)
+}
+
+/// Dotted names of every scalar key, taken from the defaults.
+fn leaf_keys() -> BTreeSet<String> {
+    fn walk(prefix: &str, value: &serde_json::Value, out: &mut BTreeSet<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (k, v) in map {
+                    let path = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&path, v, out);
+                }
+            }
+            _ => {
+                out.insert(prefix.to_string());
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    if let Ok(defaults) = serde_json::to_value(Config::default()) {
+        walk("", &defaults, &mut out);
+    }
+    out.remove("worlds");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn load_toml(toml: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        file.write_all(toml.as_bytes()).unwrap();
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        Config::load(Some(file.path()), env)
+    }
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let s = Config::load(None, Vec::new()).unwrap();
+        let c = &s.config;
+        assert_eq!(c.mode, Mode::Enforce);
+        assert_eq!(c.nats.url, "nats://127.0.0.1:4222");
+        assert_eq!(c.nats.prefix, "chat");
+        assert_eq!(c.http.listen, "0.0.0.0:9464");
+        assert!(c.events.approved);
+        assert_eq!(c.limits.max_payload_bytes, 65536);
+        assert_eq!((c.state.max_worlds, c.state.idle_seconds), (100_000, 3600));
+        assert_eq!(c.rules.turns.max, 20);
+        assert_eq!(c.rules.depth.max, 8);
+        assert_eq!(c.rules.duplicate.window_seconds, 300);
+        assert_eq!(c.rules.cooldown.seconds, 0);
+        assert_eq!((c.rules.rate.max, c.rules.rate.window_seconds), (10, 60));
+    }
+
+    #[test]
+    fn the_shipped_example_equals_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/loopguard.toml");
+        let shipped = Config::load(Some(&path), Vec::new()).unwrap();
+        let defaults = Config::load(None, Vec::new()).unwrap();
+        assert_eq!(
+            serde_json::to_value(&shipped.config).unwrap(),
+            serde_json::to_value(&defaults.config).unwrap()
+        );
+    }
+
+    #[test]
+    fn world_sections_override_only_what_they_name() {
+        let s = load_toml(
+            "[rules.rate]\nmax = 3\n[worlds.Lobby]\nagents = [\"Alice\", \"bob\"]\nrules.turns.max = 10\n",
+            &[],
+        )
+        .unwrap();
+        let lobby = s.world(&Name::parse("lobby").unwrap());
+        assert_eq!(lobby.rules.turns.max, 10);
+        assert_eq!(lobby.rules.rate.max, 3, "global override still applies");
+        assert_eq!(lobby.rules.depth.max, 8);
+        assert_eq!(lobby.agents[0].as_str(), "alice");
+        let other = s.world(&Name::parse("other").unwrap());
+        assert_eq!(other.rules.turns.max, 20);
+    }
+
+    #[test]
+    fn environment_overrides_file_values() {
+        let s = load_toml(
+            "[nats]\nurl = \"nats://a:1\"\n",
+            &[
+                ("LOOPGUARD__NATS__URL", "nats://b:2"),
+                ("LOOPGUARD__RULES__TURNS__MAX", "7"),
+                ("LOOPGUARD__EVENTS__APPROVED", "false"),
+                ("LOOPGUARD__MODE", "observe"),
+                ("LOOPGUARD__LIMITS__MAX_PAYLOAD_BYTES", "100"),
+                ("LOOPGUARD_CONFIG", "ignored: not an override"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(s.config.nats.url, "nats://b:2");
+        assert_eq!(s.config.rules.turns.max, 7);
+        assert!(!s.config.events.approved);
+        assert_eq!(s.config.mode, Mode::Observe);
+        assert_eq!(s.config.limits.max_payload_bytes, 100);
+    }
+
+    fn error_of(toml: &str, env: &[(&str, &str)]) -> String {
+        load_toml(toml, env).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        assert!(error_of("[nats]\nurll = \"x\"\n", &[]).contains("urll"));
+        assert!(error_of("colour = 1\n", &[]).contains("colour"));
+        assert!(error_of("[worlds.a]\nrules.turns.maxx = 1\n", &[]).contains("maxx"));
+    }
+
+    #[test]
+    fn invalid_values_are_named() {
+        let e = error_of("[rules.turns]\nmax = \"lots\"\n", &[]);
+        assert!(e.contains("rules.turns.max") || e.contains("max"), "{e}");
+        assert!(error_of("mode = \"loud\"\n", &[]).contains("loud"));
+        assert!(error_of("[nats]\nprefix = \"a.*\"\n", &[]).contains("nats.prefix"));
+        assert!(error_of("[http]\nlisten = \"nowhere\"\n", &[]).contains("http.listen"));
+        assert!(error_of("[rules.turns]\nmax = -1\n", &[]).contains("max"));
+        assert!(error_of("[worlds.\"a.b\"]\n", &[]).contains("worlds.a.b"));
+        assert!(error_of("[worlds.a]\nagents = [\"x y\"]\n", &[]).contains("worlds.a.agents"));
+    }
+
+    #[test]
+    fn unknown_and_per_world_environment_variables_are_refused() {
+        let e = error_of("", &[("LOOPGUARD__NATS__URLL", "x")]);
+        assert!(e.contains("LOOPGUARD__NATS__URLL"), "{e}");
+        let e = error_of("", &[("LOOPGUARD__WORLDS__LOBBY__AGENTS", "x")]);
+        assert!(e.contains("per-world"), "{e}");
+        let e = error_of("", &[("LOOPGUARD__RULES__TURNS__MAX", "many")]);
+        assert!(e.contains("max"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_file_is_an_error() {
+        let e = Config::load(Some(Path::new("/nonexistent/loopguard.toml")), Vec::new());
+        assert!(matches!(e, Err(ConfigError::Missing { .. })));
+    }
+}

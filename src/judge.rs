@@ -1,0 +1,464 @@
+//! The judge: one ingress message in, one [`Decision`] out, synchronously.
+//!
+//! This is where a message is parsed (`envelope`), placed in its world
+//! (`state`), judged (`rules`), routed (`routing`) and serialised into the
+//! exact bytes to publish. No I/O happens here, so the whole decision can be
+//! tested and benchmarked in process; `publish` sends what it returns.
+
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::clock::{rfc3339, Clock};
+use crate::config::{Mode, Settings};
+use crate::envelope::{self, EnvelopeError};
+use crate::events;
+use crate::metrics::{Handoff, Metrics, Outcome};
+use crate::names::Name;
+use crate::normalize::normalize;
+use crate::routing::{self, Route, Visibility};
+use crate::rules::{self, pass, Candidate, Context, Rejection, RuleName};
+use crate::state::{self, Approved, Lineage, WorldState, Worlds};
+use crate::subject::{Origin, SenderKind, Subjects};
+
+/// Namespace of the name-based UUIDs used as `Nats-Msg-Id`s, so one ingress
+/// message always yields the same ids, whichever process decides it.
+const MSG_ID_NAMESPACE: uuid::Uuid = uuid::uuid!("6f1c2a4e-9b1d-4c57-8a0e-6c6f6f706775");
+
+/// Sender name of the notices loopguard itself publishes.
+pub const LOOPGUARD_SENDER: &str = "loopguard";
+
+/// One message to publish.
+#[derive(Debug, Clone)]
+pub struct Outbound {
+    pub subject: String,
+    /// `Nats-Msg-Id` header: unique per copy, stable across reprocessing.
+    pub msg_id: Option<String>,
+    pub payload: Bytes,
+}
+
+/// Everything decided about one ingress message.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub world: Option<Name>,
+    pub kind: Option<SenderKind>,
+    /// The sender's canonical name, or the defused token of an invalid one.
+    pub sender: String,
+    pub id: String,
+    pub outcome: Outcome,
+    pub rule: Option<RuleName>,
+    pub reason: String,
+    /// Observe mode: the rule that would have rejected an approved message.
+    pub would_reject: Option<RuleName>,
+    pub depth: u32,
+    pub turn: u32,
+    pub delivered_to: Vec<String>,
+    pub handoff: Option<Handoff>,
+    /// Egress copies, then any notice, then the event: in publish order.
+    pub outbound: Vec<Outbound>,
+    pub observed_at: String,
+}
+
+impl Decision {
+    fn rejected(
+        origin_world: Option<Name>,
+        kind: Option<SenderKind>,
+        sender: String,
+        id: String,
+        rule: RuleName,
+        reason: String,
+        observed_at: String,
+    ) -> Decision {
+        Decision {
+            world: origin_world,
+            kind,
+            sender,
+            id,
+            outcome: Outcome::Rejected,
+            rule: Some(rule),
+            reason,
+            would_reject: None,
+            depth: 0,
+            turn: 0,
+            delivered_to: Vec::new(),
+            handoff: None,
+            outbound: Vec::new(),
+            observed_at,
+        }
+    }
+}
+
+/// The egress payload (contract §4): the ingress fields plus loopguard's.
+#[derive(Serialize)]
+struct Egress<'a> {
+    #[serde(flatten)]
+    fields: &'a Map<String, Value>,
+    id: &'a str,
+    world: &'a Name,
+    sender: &'a str,
+    sender_kind: SenderKind,
+    content: &'a str,
+    thread_id: &'a str,
+    parent_id: Option<&'a str>,
+    depth: u32,
+    mentions: &'a [Name],
+    visibility: &'static str,
+    received_at: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'static str>,
+}
+
+/// Keys loopguard sets on egress; ingress copies of them are dropped.
+const EGRESS_KEYS: [&str; 12] = [
+    "id",
+    "world",
+    "sender",
+    "sender_kind",
+    "content",
+    "thread_id",
+    "parent_id",
+    "depth",
+    "mentions",
+    "visibility",
+    "received_at",
+    "reason",
+];
+
+/// Decides messages. Shared by every worker; per-world exclusion is the
+/// world's own lock (see `state`).
+pub struct Judge {
+    settings: Arc<Settings>,
+    worlds: Worlds,
+    subjects: Subjects,
+    clock: Arc<dyn Clock>,
+    metrics: Metrics,
+    /// Hashes normalised contents for the duplicate window; random per
+    /// process, so contents cannot be crafted to collide.
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl Judge {
+    pub fn new(settings: Arc<Settings>, clock: Arc<dyn Clock>, metrics: Metrics) -> Judge {
+        Judge {
+            worlds: Worlds::new(settings.clone()),
+            subjects: Subjects::new(&settings.config.nats.prefix),
+            settings,
+            clock,
+            metrics,
+            hasher: Default::default(),
+        }
+    }
+
+    pub fn worlds(&self) -> &Worlds {
+        &self.worlds
+    }
+
+    pub fn subjects(&self) -> &Subjects {
+        &self.subjects
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Decides one ingress message. `None` for a join, which only updates
+    /// the roster and produces no event.
+    pub fn decide(
+        &self,
+        origin: Origin,
+        payload: &[u8],
+        header_id: Option<&str>,
+    ) -> Option<Decision> {
+        let started = Instant::now();
+        let mut decision = match origin {
+            Origin::Join { world, agent } => {
+                let now = self.clock.now();
+                let handle = self.worlds.get_or_create(&world, now);
+                state::lock(&handle).touch_agent(&agent, now);
+                return None;
+            }
+            Origin::Invalid {
+                world,
+                kind,
+                sender,
+                reason,
+            } => {
+                let id = header_id.map_or_else(new_id, str::to_owned);
+                Decision::rejected(
+                    world,
+                    kind,
+                    sender,
+                    id,
+                    RuleName::Invalid,
+                    reason,
+                    self.observed_at(),
+                )
+            }
+            Origin::Raw {
+                world,
+                kind,
+                sender,
+            } => self.decide_raw(world, kind, sender, payload, header_id),
+        };
+        if let Some(event) = events::report(
+            &decision,
+            &self.settings.config,
+            &self.subjects,
+            &self.metrics,
+        ) {
+            decision.outbound.push(event);
+        }
+        self.metrics
+            .decision_duration
+            .observe(started.elapsed().as_secs_f64());
+        Some(decision)
+    }
+
+    fn observed_at(&self) -> String {
+        rfc3339(self.clock.wall())
+    }
+
+    fn decide_raw(
+        &self,
+        world: Name,
+        kind: SenderKind,
+        sender: Name,
+        payload: &[u8],
+        header_id: Option<&str>,
+    ) -> Decision {
+        let config = &self.settings.config;
+        let received_at = self.observed_at();
+        let mut env = match envelope::parse(payload, header_id, config.limits.max_payload_bytes) {
+            Ok(env) => env,
+            Err(e) => {
+                let rule = match e {
+                    EnvelopeError::TooLarge { .. } => RuleName::TooLarge,
+                    _ => RuleName::Invalid,
+                };
+                let id = header_id.map_or_else(new_id, str::to_owned);
+                return Decision::rejected(
+                    Some(world),
+                    Some(kind),
+                    sender.to_string(),
+                    id,
+                    rule,
+                    e.to_string(),
+                    received_at,
+                );
+            }
+        };
+        let id = env.id.take().unwrap_or_else(new_id);
+        for key in EGRESS_KEYS {
+            env.fields.remove(key);
+        }
+
+        let now = self.clock.now();
+        let handle = self.worlds.get_or_create(&world, now);
+        let mut w = state::lock(&handle);
+        let limits = w.settings.rules.clone();
+        let is_agent = kind == SenderKind::Agent;
+        if is_agent {
+            w.touch_agent(&sender, now);
+        }
+        let lineage = w.lineage(
+            &id,
+            env.thread_id.as_deref(),
+            env.parent_id.as_deref(),
+            is_agent,
+        );
+        let content_hash = self.hasher.hash_one(normalize(&env.content));
+
+        let mut d = Decision {
+            world: Some(world.clone()),
+            kind: Some(kind),
+            sender: sender.to_string(),
+            id,
+            outcome: Outcome::Approved,
+            rule: None,
+            reason: String::new(),
+            would_reject: None,
+            depth: lineage.depth,
+            turn: 0,
+            delivered_to: Vec::new(),
+            handoff: None,
+            outbound: Vec::new(),
+            observed_at: received_at,
+        };
+
+        let route = if !is_agent {
+            // Human and system messages are always approved and reset turns.
+            w.reset_turns();
+            d.reason = format!("{kind} messages are always approved");
+            routing::route(kind, &sender, &env.content, &w, now)
+        } else if pass::is_pass(&env.content) {
+            w.reset_turns();
+            env.content = pass::handback_content(&sender);
+            d.outcome = Outcome::Edited;
+            d.rule = Some(RuleName::Pass);
+            d.handoff = Some(Handoff::Pass);
+            d.reason = format!("{sender} passed control to a human; turns reset");
+            Route::public()
+        } else {
+            let candidate = Candidate {
+                sender: &sender,
+                depth: lineage.depth,
+                content_hash,
+                now,
+            };
+            let failure = rules::first_failure(&Context {
+                msg: &candidate,
+                world: &w,
+                limits: &limits,
+            });
+            d.turn = w.turns.saturating_add(1);
+            match (failure, config.mode) {
+                (Some(rejection), Mode::Enforce) => {
+                    self.reject(&mut d, &mut w, &world, rejection, &lineage);
+                    return d;
+                }
+                (Some(rejection), Mode::Observe) => {
+                    d.would_reject = Some(rejection.rule);
+                    d.reason = format!(
+                        "observe mode: {} would reject: {}",
+                        rejection.rule, rejection.reason
+                    );
+                }
+                (None, _) => d.reason = "passed every rule".to_string(),
+            }
+            w.turns = d.turn;
+            routing::route(kind, &sender, &env.content, &w, now)
+        };
+
+        w.record_approved(Approved {
+            id: &d.id,
+            lineage: &lineage,
+            content_hash: if d.outcome == Outcome::Edited {
+                self.hasher.hash_one(normalize(&env.content))
+            } else {
+                content_hash
+            },
+            now,
+            agent: is_agent.then_some((&sender, limits.rate.max as usize)),
+        });
+        drop(w);
+
+        self.deliver(&mut d, &world, kind, &env, &lineage, &route);
+        d
+    }
+
+    /// Fills in a rejection, and on the first turn-limit trip pauses the
+    /// world and queues the hand-back notice.
+    fn reject(
+        &self,
+        d: &mut Decision,
+        w: &mut WorldState,
+        world: &Name,
+        rejection: Rejection,
+        lineage: &Lineage,
+    ) {
+        d.outcome = Outcome::Rejected;
+        d.rule = Some(rejection.rule);
+        d.reason = rejection.reason;
+        if rejection.rule == RuleName::Turns && !w.paused {
+            w.paused = true;
+            d.handoff = Some(Handoff::TurnLimit);
+            d.reason
+                .push_str("; a hand-back notice went to the public transcript");
+            let notice_id = msg_id(world, SenderKind::System, LOOPGUARD_SENDER, &d.id, "notice");
+            let content = format!(
+                "@human the agents in {world} reached the limit of {} turns without a human; they are paused until a human or system message arrives",
+                w.settings.rules.turns.max
+            );
+            let body = Egress {
+                fields: &Map::new(),
+                id: &notice_id,
+                world,
+                sender: LOOPGUARD_SENDER,
+                sender_kind: SenderKind::System,
+                content: &content,
+                thread_id: &lineage.thread_id,
+                parent_id: None,
+                depth: 0,
+                mentions: &[],
+                visibility: Visibility::Public.as_str(),
+                received_at: &d.observed_at,
+                reason: Some(Handoff::TurnLimit.as_str()),
+            };
+            d.outbound.push(Outbound {
+                subject: self.subjects.public(world),
+                payload: to_bytes(&body),
+                msg_id: Some(notice_id),
+            });
+        }
+    }
+
+    /// Serialises the approved message once and queues one copy per
+    /// destination, each with its own stable `Nats-Msg-Id`.
+    fn deliver(
+        &self,
+        d: &mut Decision,
+        world: &Name,
+        kind: SenderKind,
+        env: &envelope::Envelope,
+        lineage: &Lineage,
+        route: &Route,
+    ) {
+        let body = to_bytes(&Egress {
+            fields: &env.fields,
+            id: &d.id,
+            world,
+            sender: &d.sender,
+            sender_kind: kind,
+            content: &env.content,
+            thread_id: &lineage.thread_id,
+            parent_id: lineage.parent_id.as_deref(),
+            depth: lineage.depth,
+            mentions: &route.mentions,
+            visibility: route.visibility.as_str(),
+            received_at: &d.observed_at,
+            reason: None,
+        });
+        if route.public {
+            d.outbound.push(Outbound {
+                subject: self.subjects.public(world),
+                msg_id: Some(msg_id(world, kind, &d.sender, &d.id, "public")),
+                payload: body.clone(),
+            });
+            d.delivered_to.push("public".to_string());
+        }
+        for agent in &route.inboxes {
+            let dest = format!("private.{agent}");
+            d.outbound.push(Outbound {
+                subject: self.subjects.private(world, agent),
+                msg_id: Some(msg_id(world, kind, &d.sender, &d.id, &dest)),
+                payload: body.clone(),
+            });
+            d.delivered_to.push(dest);
+        }
+    }
+}
+
+/// A fresh id for a message that came without one.
+fn new_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// The `Nats-Msg-Id` of one copy: a name-based UUID of everything that
+/// identifies the message and the destination.
+fn msg_id(world: &Name, kind: SenderKind, sender: &str, id: &str, dest: &str) -> String {
+    let key = [world.as_str(), kind.as_str(), sender, id, dest].join("\u{0}");
+    uuid::Uuid::new_v5(&MSG_ID_NAMESPACE, key.as_bytes()).to_string()
+}
+
+/// Serialises a payload. Serialising these types cannot fail (string keys,
+/// no fallible `Serialize` impls); should it ever, an empty object is sent
+/// rather than a panic.
+pub(crate) fn to_bytes<T: Serialize>(value: &T) -> Bytes {
+    serde_json::to_vec(value)
+        .map(Bytes::from)
+        .unwrap_or_else(|_| Bytes::from_static(b"{}"))
+}

@@ -1,0 +1,42 @@
+//! loopguard: a NATS sidecar that stops multi-agent chat loops at the bus.
+//!
+//! # Layout
+//!
+//! The path of a message is the architecture:
+//!
+//! - [`ingest`]: subscribes to `P.raw.>` and `P.join.>`, and hands each
+//!   message to the worker that owns its world (per-world order lives here).
+//! - [`subject`]: parses ingress subjects into an [`subject::Origin`]; the only
+//!   place subjects are built, from validated [`names`] only.
+//! - [`judge`]: one message in, one [`judge::Decision`] out, synchronously:
+//!   - [`envelope`]: payload bytes → content, ids and kept fields;
+//!   - [`state`]: per-world state in a bounded moka cache (roster, turns,
+//!     lineage, windows);
+//!   - [`rules`]: the loop rules, one per file (`pass`, `turns`, `depth`,
+//!     `duplicate`, `cooldown`, `rate`), with [`normalize`] for duplicates;
+//!   - [`routing`]: public transcript or inboxes, from [`mentions`].
+//! - [`events`]: the one place a decision is logged, counted ([`metrics`]) and
+//!   turned into its event.
+//! - [`publish`]: sends the decided copies, notice and event to NATS.
+//! - [`app`]: wiring, start-up and the graceful drain; [`shutdown`]: signals.
+//! - [`config`]: the TOML file and `LOOPGUARD__…` overrides, validated whole.
+//! - [`clock`]: injected time, so rules are tested without sleeping.
+#![forbid(unsafe_code)]
+
+pub mod app;
+pub mod clock;
+pub mod config;
+pub mod envelope;
+pub mod events;
+pub mod ingest;
+pub mod judge;
+pub mod mentions;
+pub mod metrics;
+pub mod names;
+pub mod normalize;
+pub mod publish;
+pub mod routing;
+pub mod rules;
+pub mod shutdown;
+pub mod state;
+pub mod subject;

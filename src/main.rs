@@ -1,0 +1,65 @@
+//! The `loopguard` binary: parse flags, load and validate the configuration
+//! before touching the network, then run until SIGTERM or SIGINT.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use loopguard::config::Config;
+
+/// Exit code for a configuration that cannot be used (as `--check` reports).
+const EXIT_CONFIG: u8 = 2;
+
+/// A NATS sidecar that stops multi-agent chat loops.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// TOML configuration file; without one the built-in defaults apply.
+    #[arg(long, env = "LOOPGUARD_CONFIG", value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// Validate the configuration, print the outcome, and exit (0 valid, 2 not).
+    #[arg(long)]
+    check: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let settings = match Config::load(args.config.as_deref(), std::env::vars()) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("loopguard: invalid configuration: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    if args.check {
+        println!("loopguard: configuration OK");
+        return ExitCode::SUCCESS;
+    }
+
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("loopguard: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(loopguard::app::run(settings, async {
+        let signal = loopguard::shutdown::signal().await;
+        tracing::info!(signal, "shutdown: signal received");
+    }));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "loopguard stopped");
+            eprintln!("loopguard: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! Mention parsing (contract §3), pure and allocation-light.
+//!
+//! A *paragraph-start* mention is `@name` at the start of the content or right
+//! after a newline, after optional spaces or tabs. Several in a row count,
+//! separated by spaces, tabs or commas; the run goes on past tokens that are
+//! not names. A token ends at a space, tab, comma, CR or LF, and may carry one
+//! trailing `:` (`@alice: …`). A token holding anything else — `.`, `*`, `>`,
+//! non-ASCII, a second `@` — is not a name and is ignored as plain text.
+//!
+//! An *inline* (mid-paragraph) mention is `@name` anywhere else, where the `@`
+//! does not sit inside a word (`a@b.com` is no mention).
+//!
+//! This module only finds name-shaped tokens; routing decides which of them
+//! are roster agents.
+
+use crate::names::{is_name_byte, MAX_NAME_LEN};
+
+/// Name-shaped mention tokens of one content, as written (not lowercased).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Scan<'a> {
+    /// Paragraph-start mentions, in order of appearance.
+    pub leading: Vec<&'a str>,
+    /// Mid-paragraph mentions, in order of appearance.
+    pub inline: Vec<&'a str>,
+}
+
+/// Finds every name-shaped mention token in `content`.
+pub fn scan(content: &str) -> Scan<'_> {
+    let mut out = Scan::default();
+    for paragraph in content.split('\n') {
+        let run_end = leading_run(paragraph, &mut out.leading);
+        inline_mentions(paragraph, run_end, &mut out.inline);
+    }
+    out
+}
+
+/// Scans the paragraph-start run of one paragraph, pushing valid names;
+/// returns the byte offset where the run ends.
+fn leading_run<'a>(p: &'a str, out: &mut Vec<&'a str>) -> usize {
+    let b = p.as_bytes();
+    let mut i = skip(b, 0, |c| c == b' ' || c == b'\t');
+    while i < b.len() && b[i] == b'@' {
+        let tok_start = i + 1;
+        let mut j = tok_start;
+        while j < b.len() && !matches!(b[j], b' ' | b'\t' | b',' | b'\r') {
+            j += 1;
+        }
+        let mut tok = &p[tok_start..j];
+        if let Some(stripped) = tok.strip_suffix(':') {
+            tok = stripped;
+        }
+        if is_name(tok) {
+            out.push(tok);
+        }
+        i = skip(b, j, |c| c == b' ' || c == b'\t' || c == b',');
+    }
+    i
+}
+
+/// Pushes inline mentions found in `p[from..]`.
+fn inline_mentions<'a>(p: &'a str, from: usize, out: &mut Vec<&'a str>) {
+    let b = p.as_bytes();
+    let mut i = from;
+    while let Some(off) = b[i..].iter().position(|&c| c == b'@') {
+        let at = i + off;
+        let inside_word =
+            at > 0 && (is_name_byte(b[at - 1]) || b[at - 1] == b'@' || b[at - 1] >= 0x80);
+        let end = skip(b, at + 1, is_name_byte);
+        if !inside_word && is_name(&p[at + 1..end]) {
+            out.push(&p[at + 1..end]);
+        }
+        i = end.max(at + 1);
+    }
+}
+
+fn skip(b: &[u8], mut i: usize, pred: impl Fn(u8) -> bool) -> usize {
+    while i < b.len() && pred(b[i]) {
+        i += 1;
+    }
+    i
+}
+
+fn is_name(tok: &str) -> bool {
+    !tok.is_empty() && tok.len() <= MAX_NAME_LEN && tok.bytes().all(is_name_byte)
+}
+
+/// Lowercases a name-shaped token into `buf` without allocating.
+pub fn lowercase<'b>(token: &str, buf: &'b mut [u8; MAX_NAME_LEN]) -> &'b str {
+    let n = token.len().min(MAX_NAME_LEN);
+    for (dst, src) in buf.iter_mut().zip(token.bytes()).take(n) {
+        *dst = src.to_ascii_lowercase();
+    }
+    // Tokens are ASCII (checked by `is_name`), so this cannot fail; an empty
+    // name matches no roster entry if it ever did.
+    std::str::from_utf8(&buf[..n]).unwrap_or("")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leading(s: &str) -> Vec<&str> {
+        scan(s).leading
+    }
+    fn inline(s: &str) -> Vec<&str> {
+        scan(s).inline
+    }
+
+    #[test]
+    fn finds_a_run_of_leading_mentions() {
+        assert_eq!(leading("@alice @bob, please review"), ["alice", "bob"]);
+        assert_eq!(leading("  \t@Alice,@bob hi"), ["Alice", "bob"]);
+        assert_eq!(leading("@alice: can you?"), ["alice"]);
+        assert_eq!(leading("hello\n  @carol go"), ["carol"]);
+        assert_eq!(leading("@alice\r\nnext"), ["alice"]);
+    }
+
+    #[test]
+    fn the_run_goes_on_past_ignored_tokens() {
+        assert_eq!(leading("@ @@x @bob.> @alice hi"), ["alice"]);
+    }
+
+    #[test]
+    fn the_run_stops_at_the_first_word() {
+        let s = scan("@alice hi @bob");
+        assert_eq!(s.leading, ["alice"]);
+        assert_eq!(s.inline, ["bob"]);
+    }
+
+    #[test]
+    fn malformed_tokens_are_plain_text() {
+        for s in [
+            "@",
+            "@@x",
+            "@bob.x",
+            "@bob*",
+            "@bob>",
+            "@bøb",
+            "@a\u{a0}b",
+            "x@alice",
+            "@é",
+        ] {
+            assert!(leading(s).is_empty(), "{s:?}");
+        }
+        assert!(leading(&format!("@{}", "a".repeat(65))).is_empty());
+        assert_eq!(leading(&format!("@{}", "a".repeat(64))).len(), 1);
+    }
+
+    #[test]
+    fn inline_mentions_skip_at_signs_inside_words() {
+        assert_eq!(inline("mail a@b.com or ask @bob."), ["bob"]);
+        assert_eq!(inline("thanks (@carol) and @@dave"), ["carol"]);
+        assert_eq!(inline("ü@x"), Vec::<&str>::new());
+        assert_eq!(inline("say @ nothing"), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn leading_mentions_are_not_inline() {
+        assert!(inline("@alice @bob hi").is_empty());
+    }
+
+    #[test]
+    fn lowercase_uses_a_stack_buffer() {
+        let mut buf = [0u8; MAX_NAME_LEN];
+        assert_eq!(lowercase("AliCe", &mut buf), "alice");
+    }
+}

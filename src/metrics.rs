@@ -1,0 +1,174 @@
+//! Prometheus metrics (contract §8). Labels only ever take values from small
+//! fixed sets (kinds, decisions, rule names, reasons, visibilities), never a
+//! world, agent or message value.
+
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+
+use crate::rules::RuleName;
+use crate::subject::SenderKind;
+
+/// Every metric loopguard exports, registered in its own registry.
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    messages: IntCounterVec,
+    suppressed: IntCounterVec,
+    would_suppress: IntCounterVec,
+    handoffs: IntCounterVec,
+    deliveries: IntCounterVec,
+    pub decision_duration: Histogram,
+    pub worlds: IntGauge,
+    pub nats_connected: IntGauge,
+    pub nats_reconnects: IntCounter,
+}
+
+/// The `decision` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Approved,
+    Edited,
+    Rejected,
+}
+
+impl Outcome {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Approved => "approved",
+            Outcome::Edited => "edited",
+            Outcome::Rejected => "rejected",
+        }
+    }
+}
+
+/// The `reason` label of hand-backs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handoff {
+    TurnLimit,
+    Pass,
+}
+
+impl Handoff {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Handoff::TurnLimit => "turn_limit",
+            Handoff::Pass => "pass",
+        }
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels)
+                .expect("metric definitions are static and valid");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("each metric is registered once");
+            c
+        };
+        let messages = counter_vec(
+            "loopguard_messages_total",
+            "Ingress messages decided, by sender kind and decision.",
+            &["kind", "decision"],
+        );
+        let suppressed = counter_vec(
+            "loopguard_suppressed_total",
+            "Messages rejected, by the rule that rejected them.",
+            &["rule"],
+        );
+        let would_suppress = counter_vec(
+            "loopguard_would_suppress_total",
+            "Messages a rule would have rejected in observe mode, by rule.",
+            &["rule"],
+        );
+        let handoffs = counter_vec(
+            "loopguard_handoffs_total",
+            "Control handed back to a human, by reason.",
+            &["reason"],
+        );
+        let deliveries = counter_vec(
+            "loopguard_deliveries_total",
+            "Copies published: public transcript (notices included) or private inboxes.",
+            &["visibility"],
+        );
+        let decision_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "loopguard_decision_duration_seconds",
+                "Time to decide one ingress message, parse to serialised output.",
+            )
+            .buckets(vec![
+                1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2,
+            ]),
+        )
+        .expect("static histogram");
+        let worlds =
+            IntGauge::new("loopguard_worlds", "Worlds held in state.").expect("static gauge");
+        let nats_connected = IntGauge::new(
+            "loopguard_nats_connected",
+            "1 while connected to NATS, else 0.",
+        )
+        .expect("static gauge");
+        let nats_reconnects = IntCounter::new(
+            "loopguard_nats_reconnects_total",
+            "Connections to NATS re-established after a loss.",
+        )
+        .expect("static counter");
+        for c in [
+            Box::new(decision_duration.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(worlds.clone()),
+            Box::new(nats_connected.clone()),
+            Box::new(nats_reconnects.clone()),
+        ] {
+            registry
+                .register(c)
+                .expect("each metric is registered once");
+        }
+        Metrics {
+            registry,
+            messages,
+            suppressed,
+            would_suppress,
+            handoffs,
+            deliveries,
+            decision_duration,
+            worlds,
+            nats_connected,
+            nats_reconnects,
+        }
+    }
+
+    pub fn message(&self, kind: SenderKind, outcome: Outcome) {
+        self.messages
+            .with_label_values(&[kind.as_str(), outcome.as_str()])
+            .inc();
+    }
+
+    pub fn suppressed(&self, rule: RuleName) {
+        self.suppressed.with_label_values(&[rule.as_str()]).inc();
+    }
+
+    pub fn would_suppress(&self, rule: RuleName) {
+        self.would_suppress
+            .with_label_values(&[rule.as_str()])
+            .inc();
+    }
+
+    pub fn handoff(&self, reason: Handoff) {
+        self.handoffs.with_label_values(&[reason.as_str()]).inc();
+    }
+
+    pub fn deliveries(&self, visibility: crate::routing::Visibility, n: usize) {
+        if n > 0 {
+            self.deliveries
+                .with_label_values(&[visibility.as_str()])
+                .inc_by(n as u64);
+        }
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

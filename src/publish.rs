@@ -1,0 +1,41 @@
+//! Publishing decided messages to NATS, in the order the judge queued them.
+
+use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
+
+use crate::judge::Outbound;
+
+/// Sends [`Outbound`] messages on one client.
+#[derive(Clone)]
+pub struct Publisher {
+    client: async_nats::Client,
+}
+
+impl Publisher {
+    pub fn new(client: async_nats::Client) -> Publisher {
+        Publisher { client }
+    }
+
+    /// Publishes one message. A failure is logged and returned; the caller
+    /// goes on with the next message.
+    pub async fn send(&self, out: Outbound) -> Result<(), async_nats::PublishError> {
+        let result = match out.msg_id {
+            Some(id) => {
+                let mut headers = HeaderMap::new();
+                headers.insert(NATS_MESSAGE_ID, id);
+                self.client
+                    .publish_with_headers(out.subject, headers, out.payload)
+                    .await
+            }
+            None => self.client.publish(out.subject, out.payload).await,
+        };
+        if let Err(e) = &result {
+            tracing::warn!(error = %e, "publish failed");
+        }
+        result
+    }
+
+    /// Waits until everything published so far has reached the server.
+    pub async fn flush(&self) -> Result<(), async_nats::client::FlushError> {
+        self.client.flush().await
+    }
+}

@@ -1,0 +1,213 @@
+//! Routing (contract §3): where an approved message goes.
+//!
+//! | message                                      | public | inboxes                    |
+//! |----------------------------------------------|--------|----------------------------|
+//! | any sender, paragraph-start roster mentions  | no     | each mentioned agent       |
+//! | human, no mention anywhere                   | yes    | every roster agent but them|
+//! | human, mid-paragraph mentions only           | yes    | none                       |
+//! | agent, no paragraph-start mention            | yes    | none                       |
+//! | system                                       | yes    | none                       |
+
+use std::time::Instant;
+
+use crate::mentions;
+use crate::names::{Name, MAX_NAME_LEN};
+use crate::state::WorldState;
+use crate::subject::SenderKind;
+
+/// `visibility` of an egress copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Visibility {
+    Public,
+    Private,
+}
+
+impl Visibility {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Visibility::Public => "public",
+            Visibility::Private => "private",
+        }
+    }
+}
+
+/// Where one message goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub visibility: Visibility,
+    /// A copy goes to the public transcript.
+    pub public: bool,
+    /// Agents that get a copy in their inbox, in mention or roster order.
+    pub inboxes: Vec<Name>,
+    /// The `mentions` field: canonical names the message was routed to by
+    /// mention (empty for broadcasts).
+    pub mentions: Vec<Name>,
+}
+
+impl Route {
+    /// The public transcript only.
+    pub fn public() -> Route {
+        Route {
+            visibility: Visibility::Public,
+            public: true,
+            inboxes: Vec::new(),
+            mentions: Vec::new(),
+        }
+    }
+}
+
+/// Routes a message of `kind` from `sender` with `content` in `world`.
+pub fn route(
+    kind: SenderKind,
+    sender: &Name,
+    content: &str,
+    world: &WorldState,
+    now: Instant,
+) -> Route {
+    let scan = mentions::scan(content);
+    let mut buf = [0u8; MAX_NAME_LEN];
+    let mut mentioned: Vec<Name> = Vec::new();
+    for token in &scan.leading {
+        let lower = mentions::lowercase(token, &mut buf);
+        if lower == sender.as_str() {
+            continue;
+        }
+        if let Some((name, _)) = world.roster_get(lower, now) {
+            if !mentioned.contains(name) {
+                mentioned.push(name.clone());
+            }
+        }
+    }
+    if !mentioned.is_empty() {
+        return Route {
+            visibility: Visibility::Private,
+            public: false,
+            inboxes: mentioned.clone(),
+            mentions: mentioned,
+        };
+    }
+    if kind != SenderKind::Human {
+        return Route::public();
+    }
+    let mentions_inline = scan.inline.iter().any(|token| {
+        let lower = mentions::lowercase(token, &mut buf);
+        lower != sender.as_str() && world.roster_get(lower, now).is_some()
+    });
+    if mentions_inline {
+        return Route::public();
+    }
+    let inboxes = world
+        .roster(now)
+        .into_iter()
+        .filter(|a| a != sender)
+        .collect();
+    Route {
+        visibility: Visibility::Public,
+        public: true,
+        inboxes,
+        mentions: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{RulesConfig, WorldSettings};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn n(x: &str) -> Name {
+        Name::parse(x).unwrap()
+    }
+
+    fn world() -> (WorldState, Instant) {
+        let now = Instant::now();
+        let settings = Arc::new(WorldSettings {
+            agents: vec![n("alice"), n("bob"), n("carol")],
+            rules: RulesConfig::default(),
+        });
+        (WorldState::new(settings, Duration::from_secs(60), now), now)
+    }
+
+    #[test]
+    fn paragraph_start_mentions_go_private_to_each_mentioned_agent() {
+        let (w, now) = world();
+        for kind in [SenderKind::Agent, SenderKind::Human, SenderKind::System] {
+            let r = route(kind, &n("dave"), "@Bob, @carol please look", &w, now);
+            assert_eq!(r.visibility, Visibility::Private);
+            assert!(!r.public);
+            assert_eq!(r.inboxes, [n("bob"), n("carol")]);
+            assert_eq!(r.mentions, r.inboxes);
+        }
+    }
+
+    #[test]
+    fn human_without_mentions_broadcasts_to_every_other_agent() {
+        let (w, now) = world();
+        let r = route(SenderKind::Human, &n("alice"), "hello all", &w, now);
+        assert_eq!((r.visibility, r.public), (Visibility::Public, true));
+        assert_eq!(r.inboxes, [n("bob"), n("carol")], "the sender is left out");
+        assert!(r.mentions.is_empty());
+    }
+
+    #[test]
+    fn human_with_only_inline_mentions_goes_public_only() {
+        let (w, now) = world();
+        let r = route(
+            SenderKind::Human,
+            &n("hank"),
+            "I think @bob is right",
+            &w,
+            now,
+        );
+        assert_eq!(r, Route::public());
+    }
+
+    #[test]
+    fn agent_and_system_without_leading_mentions_go_public_only() {
+        let (w, now) = world();
+        assert_eq!(
+            route(SenderKind::Agent, &n("alice"), "hi @bob", &w, now),
+            Route::public()
+        );
+        assert_eq!(
+            route(SenderKind::System, &n("ops"), "restarting", &w, now),
+            Route::public()
+        );
+    }
+
+    #[test]
+    fn self_unknown_and_malformed_mentions_count_as_none() {
+        let (w, now) = world();
+        for content in [
+            "@alice hi",
+            "@zed hi",
+            "@ hi",
+            "@@bob hi",
+            "@bob.x hi",
+            "a@bob.com",
+        ] {
+            assert_eq!(
+                route(SenderKind::Agent, &n("alice"), content, &w, now),
+                Route::public(),
+                "{content}"
+            );
+        }
+        // for a human, an unknown name is no mention at all: broadcast
+        let r = route(SenderKind::Human, &n("hank"), "@zed hi", &w, now);
+        assert_eq!(r.inboxes.len(), 3);
+    }
+
+    #[test]
+    fn repeated_mentions_give_one_copy() {
+        let (w, now) = world();
+        let r = route(
+            SenderKind::Agent,
+            &n("alice"),
+            "@bob @BOB hi\n@bob again",
+            &w,
+            now,
+        );
+        assert_eq!(r.inboxes, [n("bob")]);
+    }
+}

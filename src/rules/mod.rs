@@ -1,0 +1,236 @@
+//! The loop rules (contract §5), one per file, each behind [`Rule`].
+//!
+//! A rule is pure: it reads the candidate message, the world's state and the
+//! world's limits, and answers with a reason when the message must not go
+//! out. Rules never change state and never read a clock: the judge passes
+//! `now` in, and records approvals after every rule has passed.
+
+mod cooldown;
+mod depth;
+mod duplicate;
+pub mod pass;
+mod rate;
+mod turns;
+
+use std::fmt;
+use std::time::Instant;
+
+use crate::config::RulesConfig;
+use crate::names::Name;
+use crate::state::WorldState;
+
+pub use cooldown::Cooldown;
+pub use depth::Depth;
+pub use duplicate::Duplicate;
+pub use rate::Rate;
+pub use turns::Turns;
+
+/// Every rule name a decision can carry; the values of the `rule` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RuleName {
+    Invalid,
+    TooLarge,
+    Pass,
+    Turns,
+    Depth,
+    Duplicate,
+    Cooldown,
+    Rate,
+}
+
+impl RuleName {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RuleName::Invalid => "invalid",
+            RuleName::TooLarge => "too_large",
+            RuleName::Pass => "pass",
+            RuleName::Turns => "turns",
+            RuleName::Depth => "depth",
+            RuleName::Duplicate => "duplicate",
+            RuleName::Cooldown => "cooldown",
+            RuleName::Rate => "rate",
+        }
+    }
+}
+
+impl fmt::Display for RuleName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for RuleName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// An agent message under judgement, with everything the rules look at
+/// computed once.
+#[derive(Debug, Clone)]
+pub struct Candidate<'a> {
+    pub sender: &'a Name,
+    /// Depth resolved from the message's lineage.
+    pub depth: u32,
+    /// Hash of the normalised content (see `normalize`).
+    pub content_hash: u64,
+    pub now: Instant,
+}
+
+/// What a rule may read.
+pub struct Context<'a> {
+    pub msg: &'a Candidate<'a>,
+    pub world: &'a WorldState,
+    pub limits: &'a RulesConfig,
+}
+
+/// A rule that failed, and why, in words for a person.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub rule: RuleName,
+    pub reason: String,
+}
+
+/// One loop rule.
+pub trait Rule: Send + Sync {
+    fn name(&self) -> RuleName;
+    /// `Err(reason)` when the message must not go out.
+    fn check(&self, cx: &Context<'_>) -> Result<(), String>;
+}
+
+/// Rules 2-6, in the order the contract applies them.
+pub static LOOP_RULES: [&dyn Rule; 5] = [&Turns, &Depth, &Duplicate, &Cooldown, &Rate];
+
+/// The first rule that fails, if any.
+pub fn first_failure(cx: &Context<'_>) -> Option<Rejection> {
+    LOOP_RULES.iter().find_map(|rule| {
+        rule.check(cx).err().map(|reason| Rejection {
+            rule: rule.name(),
+            reason,
+        })
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! A small world builder shared by the rules' unit tests.
+    use super::*;
+    use crate::config::WorldSettings;
+    use crate::state::{Approved, Lineage};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    pub struct Fixture {
+        pub world: WorldState,
+        pub limits: RulesConfig,
+        pub t0: Instant,
+        pub agent: Name,
+    }
+
+    impl Fixture {
+        pub fn new(limits: RulesConfig) -> Fixture {
+            let agent = Name::parse("alice").unwrap();
+            let settings = Arc::new(WorldSettings {
+                agents: vec![agent.clone()],
+                rules: limits.clone(),
+            });
+            let t0 = Instant::now();
+            Fixture {
+                world: WorldState::new(settings, Duration::from_secs(3600), t0),
+                limits,
+                t0,
+                agent,
+            }
+        }
+
+        pub fn at(&self, secs: u64) -> Instant {
+            self.t0 + Duration::from_secs(secs)
+        }
+
+        /// Records an approved message of the fixture's agent at `secs`.
+        pub fn approve(&mut self, secs: u64, content_hash: u64) {
+            let lineage = Lineage {
+                parent_id: None,
+                thread_id: Arc::from("t"),
+                depth: 1,
+            };
+            let id = format!("m{}", self.world.turns);
+            let keep = self.limits.rate.max as usize;
+            let now = self.at(secs);
+            let agent = self.agent.clone();
+            self.world.record_approved(Approved {
+                id: &id,
+                lineage: &lineage,
+                content_hash,
+                now,
+                agent: Some((&agent, keep)),
+            });
+            self.world.turns += 1;
+        }
+
+        /// Runs `rule` on a message of the fixture's agent at `secs`.
+        pub fn check(
+            &self,
+            rule: &dyn Rule,
+            secs: u64,
+            depth: u32,
+            content_hash: u64,
+        ) -> Result<(), String> {
+            let msg = Candidate {
+                sender: &self.agent,
+                depth,
+                content_hash,
+                now: self.at(secs),
+            };
+            rule.check(&Context {
+                msg: &msg,
+                world: &self.world,
+                limits: &self.limits,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::Fixture;
+    use super::*;
+
+    #[test]
+    fn the_first_failing_rule_in_contract_order_wins() {
+        let mut limits = RulesConfig::default();
+        limits.turns.max = 1;
+        limits.cooldown.seconds = 60;
+        let mut f = Fixture::new(limits);
+        f.approve(0, 42);
+        // turns, duplicate and cooldown all fail: turns comes first.
+        let msg = Candidate {
+            sender: &f.agent,
+            depth: 1,
+            content_hash: 42,
+            now: f.at(1),
+        };
+        let cx = Context {
+            msg: &msg,
+            world: &f.world,
+            limits: &f.limits,
+        };
+        assert_eq!(first_failure(&cx).map(|r| r.rule), Some(RuleName::Turns));
+        f.world.reset_turns();
+        let cx = Context {
+            msg: &msg,
+            world: &f.world,
+            limits: &f.limits,
+        };
+        assert_eq!(
+            first_failure(&cx).map(|r| r.rule),
+            Some(RuleName::Duplicate)
+        );
+    }
+
+    #[test]
+    fn rule_names_are_the_contract_labels() {
+        let names: Vec<_> = LOOP_RULES.iter().map(|r| r.name().as_str()).collect();
+        assert_eq!(names, ["turns", "depth", "duplicate", "cooldown", "rate"]);
+    }
+}

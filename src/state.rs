@@ -1,0 +1,477 @@
+//! Per-world state: the roster, the turn counter, remembered messages and the
+//! windows the rules read. Held in a bounded moka cache with an idle expiry.
+//!
+//! Every per-world structure has a cap (`MAX_*` below), so neither a flood of
+//! worlds nor a flood of agents in one world grows memory without bound.
+//!
+//! Atomicity and order: a world's state sits behind its own mutex, and all
+//! messages of one world are decided by the same worker task, one at a time,
+//! in arrival order (see `ingest`). The mutex is held for a whole decision,
+//! so the admin API never sees or changes a world half-way through one.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::config::{Settings, WorldSettings};
+use crate::names::Name;
+
+/// Most agents on one world's roster; the least recently seen go first.
+pub const MAX_AGENTS: usize = 1024;
+/// Most approved messages remembered per world for parent lookups.
+pub const MAX_REMEMBERED: usize = 1024;
+/// Most contents held in a world's duplicate window.
+pub const MAX_DUPLICATE_WINDOW: usize = 1024;
+
+/// One agent known to a world.
+#[derive(Debug, Clone)]
+pub struct Agent {
+    /// Listed in config: never forgotten.
+    pub pinned: bool,
+    /// Last publish or join; entries idle past `state.idle_seconds` leave the
+    /// roster.
+    pub last_seen: Instant,
+    /// Times of this agent's recent approved messages, newest last; only as
+    /// many as the rate rule can look at.
+    pub approvals: VecDeque<Instant>,
+}
+
+impl Agent {
+    fn new(pinned: bool, now: Instant) -> Agent {
+        Agent {
+            pinned,
+            last_seen: now,
+            approvals: VecDeque::new(),
+        }
+    }
+
+    pub fn last_approved(&self) -> Option<Instant> {
+        self.approvals.back().copied()
+    }
+}
+
+/// What the depth rule needs of an approved message.
+#[derive(Debug, Clone)]
+pub struct Remembered {
+    pub depth: u32,
+    pub thread_id: Arc<str>,
+}
+
+/// The resolved place of a new message in its world's threads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lineage {
+    pub parent_id: Option<Arc<str>>,
+    pub thread_id: Arc<str>,
+    pub depth: u32,
+}
+
+/// All state of one world.
+#[derive(Debug)]
+pub struct WorldState {
+    /// Rules and roster seed in force when the world was created.
+    pub settings: Arc<WorldSettings>,
+    /// Approved agent messages since the last ingress human or system message.
+    pub turns: u32,
+    /// Set with the turn-limit notice; agents stay rejected until a reset.
+    pub paused: bool,
+    agents: HashMap<Name, Agent>,
+    messages: HashMap<Arc<str>, Remembered>,
+    /// Insertion order of `messages`, for eviction.
+    message_order: VecDeque<Arc<str>>,
+    /// Latest approved message id of each thread.
+    thread_latest: HashMap<Arc<str>, Arc<str>>,
+    latest: Option<Arc<str>>,
+    /// (approved at, hash of normalised content), oldest first.
+    contents: VecDeque<(Instant, u64)>,
+    idle: Duration,
+}
+
+impl WorldState {
+    pub fn new(settings: Arc<WorldSettings>, idle: Duration, now: Instant) -> WorldState {
+        let agents = settings
+            .agents
+            .iter()
+            .map(|a| (a.clone(), Agent::new(true, now)))
+            .collect();
+        WorldState {
+            settings,
+            turns: 0,
+            paused: false,
+            agents,
+            messages: HashMap::new(),
+            message_order: VecDeque::new(),
+            thread_latest: HashMap::new(),
+            latest: None,
+            contents: VecDeque::new(),
+            idle,
+        }
+    }
+
+    /// The roster entry for a lowercase name, if it is on the roster now.
+    pub fn roster_get(&self, name: &str, now: Instant) -> Option<(&Name, &Agent)> {
+        self.agents
+            .get_key_value(name)
+            .filter(|(_, a)| a.pinned || now.saturating_duration_since(a.last_seen) <= self.idle)
+    }
+
+    /// Names on the roster now, sorted for stable output.
+    pub fn roster(&self, now: Instant) -> Vec<Name> {
+        let mut names: Vec<Name> = self
+            .agents
+            .iter()
+            .filter(|(_, a)| a.pinned || now.saturating_duration_since(a.last_seen) <= self.idle)
+            .map(|(n, _)| n.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
+    pub fn agent(&self, name: &Name) -> Option<&Agent> {
+        self.agents.get(name)
+    }
+
+    /// Puts `name` on the roster (join or publish), evicting the least
+    /// recently seen unpinned agent when the roster is full.
+    pub fn touch_agent(&mut self, name: &Name, now: Instant) {
+        if let Some(agent) = self.agents.get_mut(name) {
+            agent.last_seen = now;
+            return;
+        }
+        if self.agents.len() >= MAX_AGENTS {
+            let oldest = self
+                .agents
+                .iter()
+                .filter(|(_, a)| !a.pinned)
+                .min_by_key(|(_, a)| a.last_seen)
+                .map(|(n, _)| n.clone());
+            match oldest {
+                Some(n) => {
+                    self.agents.remove(&n);
+                }
+                None => return,
+            }
+        }
+        self.agents.insert(name.clone(), Agent::new(false, now));
+    }
+
+    /// Where a message with these ids sits (contract §5.3). `own_id` starts
+    /// a new thread when nothing else applies.
+    pub fn lineage(
+        &self,
+        own_id: &str,
+        thread_id: Option<&str>,
+        parent_id: Option<&str>,
+        is_agent: bool,
+    ) -> Lineage {
+        if !is_agent {
+            return Lineage {
+                parent_id: parent_id.map(Arc::from),
+                thread_id: Arc::from(thread_id.unwrap_or(own_id)),
+                depth: 0,
+            };
+        }
+        let parent = parent_id
+            .and_then(|p| self.messages.get_key_value(p))
+            .or_else(|| {
+                thread_id
+                    .and_then(|t| self.thread_latest.get(t))
+                    .and_then(|id| self.messages.get_key_value(id))
+            })
+            .or_else(|| {
+                self.latest
+                    .as_ref()
+                    .and_then(|id| self.messages.get_key_value(id))
+            });
+        match parent {
+            Some((pid, meta)) => Lineage {
+                parent_id: Some(pid.clone()),
+                thread_id: thread_id
+                    .map(Arc::from)
+                    .unwrap_or_else(|| meta.thread_id.clone()),
+                depth: meta.depth.saturating_add(1),
+            },
+            None => Lineage {
+                parent_id: None,
+                thread_id: Arc::from(thread_id.unwrap_or(own_id)),
+                depth: 1,
+            },
+        }
+    }
+
+    /// Records an approved (or edited) message: lineage, duplicate window and,
+    /// for agents, the rate/cooldown history and the turn counter.
+    pub fn record_approved(&mut self, approved: Approved<'_>) {
+        let id: Arc<str> = Arc::from(approved.id);
+        if self
+            .messages
+            .insert(
+                id.clone(),
+                Remembered {
+                    depth: approved.lineage.depth,
+                    thread_id: approved.lineage.thread_id.clone(),
+                },
+            )
+            .is_none()
+        {
+            self.message_order.push_back(id.clone());
+            if self.message_order.len() > MAX_REMEMBERED {
+                if let Some(old) = self.message_order.pop_front() {
+                    self.forget_message(&old);
+                }
+            }
+        }
+        self.thread_latest
+            .insert(approved.lineage.thread_id.clone(), id.clone());
+        self.latest = Some(id);
+
+        self.contents
+            .push_back((approved.now, approved.content_hash));
+        if self.contents.len() > MAX_DUPLICATE_WINDOW {
+            self.contents.pop_front();
+        }
+
+        if let Some((agent, keep)) = approved.agent {
+            if let Some(a) = self.agents.get_mut(agent) {
+                a.approvals.push_back(approved.now);
+                while a.approvals.len() > keep.max(1) {
+                    a.approvals.pop_front();
+                }
+            }
+        }
+    }
+
+    fn forget_message(&mut self, id: &Arc<str>) {
+        if let Some(meta) = self.messages.remove(id) {
+            if self.thread_latest.get(&meta.thread_id) == Some(id) {
+                self.thread_latest.remove(&meta.thread_id);
+            }
+        }
+        if self.latest.as_ref() == Some(id) {
+            self.latest = None;
+        }
+    }
+
+    /// True when an approved message with this normalised-content hash is
+    /// younger than `window`.
+    pub fn seen_content(&self, hash: u64, now: Instant, window: Duration) -> bool {
+        self.contents
+            .iter()
+            .rev()
+            .take_while(|(at, _)| now.saturating_duration_since(*at) < window)
+            .any(|(_, h)| *h == hash)
+    }
+
+    /// Clears the turn counter (and so the pause).
+    pub fn reset_turns(&mut self) {
+        self.turns = 0;
+        self.paused = false;
+    }
+
+    /// The admin reset: turns, pause, cooldown, rate and duplicate windows.
+    /// The roster and thread memory stay.
+    pub fn reset(&mut self) {
+        self.reset_turns();
+        self.contents.clear();
+        for agent in self.agents.values_mut() {
+            agent.approvals.clear();
+        }
+    }
+}
+
+/// An approved message as [`WorldState::record_approved`] needs it.
+pub struct Approved<'a> {
+    pub id: &'a str,
+    pub lineage: &'a Lineage,
+    pub content_hash: u64,
+    pub now: Instant,
+    /// The sending agent and how many approval times to keep for it.
+    pub agent: Option<(&'a Name, usize)>,
+}
+
+/// Shared handle to one world's state.
+pub type WorldHandle = Arc<Mutex<WorldState>>;
+
+/// Locks a world. A poisoned lock (a panic mid-decision, which the code is
+/// written never to cause) still yields the state rather than a second panic.
+pub fn lock(world: &WorldHandle) -> MutexGuard<'_, WorldState> {
+    world
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Every world's state, bounded by `state.max_worlds` and expired after
+/// `state.idle_seconds` without a message.
+#[derive(Clone)]
+pub struct Worlds {
+    cache: moka::sync::Cache<Name, WorldHandle>,
+    settings: Arc<Settings>,
+    idle: Duration,
+}
+
+impl Worlds {
+    pub fn new(settings: Arc<Settings>) -> Worlds {
+        let idle = Duration::from_secs(settings.config.state.idle_seconds);
+        let cache = moka::sync::Cache::builder()
+            .max_capacity(settings.config.state.max_worlds)
+            .time_to_idle(idle)
+            .build();
+        Worlds {
+            cache,
+            settings,
+            idle,
+        }
+    }
+
+    /// The world's state, created on first use.
+    pub fn get_or_create(&self, world: &Name, now: Instant) -> WorldHandle {
+        self.cache.get_with_by_ref(world, || {
+            let settings = self.settings.world(world).clone();
+            Arc::new(Mutex::new(WorldState::new(settings, self.idle, now)))
+        })
+    }
+
+    /// The world's state if it is held.
+    pub fn get(&self, world: &Name) -> Option<WorldHandle> {
+        self.cache.get(world)
+    }
+
+    /// Approximate number of worlds held.
+    pub fn len(&self) -> u64 {
+        self.cache.entry_count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RulesConfig;
+
+    fn name(s: &str) -> Name {
+        Name::parse(s).unwrap()
+    }
+
+    fn world(agents: &[&str]) -> (WorldState, Instant) {
+        let now = Instant::now();
+        let settings = Arc::new(WorldSettings {
+            agents: agents.iter().map(|a| name(a)).collect(),
+            rules: RulesConfig::default(),
+        });
+        (WorldState::new(settings, Duration::from_secs(60), now), now)
+    }
+
+    fn approve(w: &mut WorldState, id: &str, lineage: &Lineage, now: Instant) {
+        w.record_approved(Approved {
+            id,
+            lineage,
+            content_hash: 0,
+            now,
+            agent: None,
+        });
+    }
+
+    #[test]
+    fn config_agents_stay_and_others_expire_when_idle() {
+        let (mut w, t0) = world(&["alice"]);
+        w.touch_agent(&name("bob"), t0);
+        assert_eq!(w.roster(t0), [name("alice"), name("bob")]);
+        let later = t0 + Duration::from_secs(61);
+        assert_eq!(w.roster(later), [name("alice")]);
+        assert!(w.roster_get("bob", later).is_none());
+        assert!(w.roster_get("alice", later).is_some());
+    }
+
+    #[test]
+    fn roster_is_capped_by_evicting_the_least_recently_seen() {
+        let (mut w, t0) = world(&[]);
+        for i in 0..MAX_AGENTS + 5 {
+            w.touch_agent(
+                &name(&format!("a{i}")),
+                t0 + Duration::from_millis(i as u64),
+            );
+        }
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(w.roster(later).len(), MAX_AGENTS);
+        assert!(w.roster_get("a0", later).is_none());
+        assert!(w
+            .roster_get(&format!("a{}", MAX_AGENTS + 4), later)
+            .is_some());
+    }
+
+    #[test]
+    fn lineage_prefers_parent_then_thread_then_latest() {
+        let (mut w, t0) = world(&[]);
+        let h = w.lineage("h1", None, None, false);
+        assert_eq!((h.depth, &*h.thread_id), (0, "h1"));
+        approve(&mut w, "h1", &h, t0);
+        let a = w.lineage("a1", None, None, true);
+        assert_eq!(
+            (a.depth, a.parent_id.as_deref(), &*a.thread_id),
+            (1, Some("h1"), "h1")
+        );
+        approve(&mut w, "a1", &a, t0);
+        let other = w.lineage("h2", Some("t2"), None, false);
+        approve(&mut w, "h2", &other, t0);
+
+        // parent_id wins when remembered
+        let p = w.lineage("x", None, Some("a1"), true);
+        assert_eq!((p.depth, p.parent_id.as_deref()), (2, Some("a1")));
+        // unknown parent_id: latest of its thread
+        let t = w.lineage("y", Some("h1"), Some("nope"), true);
+        assert_eq!(
+            (t.depth, t.parent_id.as_deref(), &*t.thread_id),
+            (2, Some("a1"), "h1")
+        );
+        // no thread known: latest of the world, joining its thread
+        let l = w.lineage("z", None, None, true);
+        assert_eq!(
+            (l.depth, l.parent_id.as_deref(), &*l.thread_id),
+            (1, Some("h2"), "t2")
+        );
+    }
+
+    #[test]
+    fn an_agent_message_with_no_parent_starts_its_own_thread() {
+        let (w, _) = world(&[]);
+        let l = w.lineage("m1", None, None, true);
+        assert_eq!(
+            l,
+            Lineage {
+                parent_id: None,
+                thread_id: Arc::from("m1"),
+                depth: 1
+            }
+        );
+    }
+
+    #[test]
+    fn remembered_messages_are_capped() {
+        let (mut w, t0) = world(&[]);
+        let l = w.lineage("m", None, None, false);
+        for i in 0..MAX_REMEMBERED + 10 {
+            approve(&mut w, &format!("m{i}"), &l, t0);
+        }
+        assert_eq!(w.messages.len(), MAX_REMEMBERED);
+        assert!(!w.messages.contains_key("m0"));
+    }
+
+    #[test]
+    fn content_window_forgets_old_contents() {
+        let (mut w, t0) = world(&[]);
+        let l = w.lineage("m", None, None, false);
+        w.record_approved(Approved {
+            id: "m",
+            lineage: &l,
+            content_hash: 7,
+            now: t0,
+            agent: None,
+        });
+        let win = Duration::from_secs(10);
+        assert!(w.seen_content(7, t0 + Duration::from_secs(9), win));
+        assert!(!w.seen_content(7, t0 + Duration::from_secs(10), win));
+        assert!(!w.seen_content(8, t0, win));
+    }
+}

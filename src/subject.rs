@@ -1,0 +1,277 @@
+//! Subjects (contract §2): parsing what comes in, building what goes out.
+//!
+//! This is the only module that turns text into subjects, and it builds them
+//! solely from the validated prefix and [`Name`]s, so no byte of a payload or
+//! of an unchecked token can ever reach a subject loopguard publishes on.
+
+use std::fmt;
+
+use crate::names::{display_untrusted, Name};
+
+/// Who sent an ingress message, by the subject it arrived on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SenderKind {
+    Agent,
+    Human,
+    System,
+}
+
+impl SenderKind {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            SenderKind::Agent => "agent",
+            SenderKind::Human => "human",
+            SenderKind::System => "system",
+        }
+    }
+
+    fn parse(token: &str) -> Option<SenderKind> {
+        match token {
+            "agent" => Some(SenderKind::Agent),
+            "human" => Some(SenderKind::Human),
+            "system" => Some(SenderKind::System),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for SenderKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for SenderKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// What an ingress subject says about its message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// `P.raw.W.KIND.NAME`: a message to judge.
+    Raw {
+        world: Name,
+        kind: SenderKind,
+        sender: Name,
+    },
+    /// `P.join.W.A`: agent A joins W's roster.
+    Join { world: Name, agent: Name },
+    /// A subject loopguard cannot accept. Gets an event only when `world` is
+    /// valid; always counted and logged.
+    Invalid {
+        world: Option<Name>,
+        /// The kind, when the kind token was valid (for the message counter).
+        kind: Option<SenderKind>,
+        /// The sender token as written, shortened and defused for display.
+        sender: String,
+        reason: String,
+    },
+}
+
+impl Origin {
+    /// The world this message belongs to, when its name is valid.
+    pub fn world(&self) -> Option<&Name> {
+        match self {
+            Origin::Raw { world, .. } | Origin::Join { world, .. } => Some(world),
+            Origin::Invalid { world, .. } => world.as_ref(),
+        }
+    }
+}
+
+/// Subject names for one prefix.
+#[derive(Debug, Clone)]
+pub struct Subjects {
+    prefix: String,
+}
+
+impl Subjects {
+    /// `prefix` must already be validated (see `config`).
+    pub fn new(prefix: &str) -> Subjects {
+        Subjects {
+            prefix: prefix.to_string(),
+        }
+    }
+
+    /// Wildcard subscriptions of the ingress subjects.
+    pub fn raw_wildcard(&self) -> String {
+        format!("{}.raw.>", self.prefix)
+    }
+
+    pub fn join_wildcard(&self) -> String {
+        format!("{}.join.>", self.prefix)
+    }
+
+    pub fn public(&self, world: &Name) -> String {
+        format!("{}.public.{world}", self.prefix)
+    }
+
+    pub fn private(&self, world: &Name, agent: &Name) -> String {
+        format!("{}.private.{world}.{agent}", self.prefix)
+    }
+
+    pub fn events(&self, world: &Name) -> String {
+        format!("{}.events.{world}", self.prefix)
+    }
+
+    /// Reads an ingress subject. Only subjects under the two wildcards reach
+    /// here; anything else is `Invalid` as well.
+    pub fn parse(&self, subject: &str) -> Origin {
+        let rest = subject
+            .strip_prefix(self.prefix.as_str())
+            .and_then(|r| r.strip_prefix('.'));
+        let Some(rest) = rest else {
+            return invalid(None, None, "", "subject is outside the configured prefix");
+        };
+        let mut tokens = rest.split('.');
+        let verb = tokens.next().unwrap_or("");
+        let world_token = tokens.next().unwrap_or("");
+        let world = Name::parse(world_token);
+        let tail: Vec<&str> = tokens.by_ref().take(3).collect();
+        match (verb, tail.as_slice()) {
+            ("raw", [kind, sender]) => {
+                let kind_parsed = SenderKind::parse(kind);
+                match (world, kind_parsed, Name::parse(sender)) {
+                    (Ok(world), Some(kind), Ok(sender)) => Origin::Raw {
+                        world,
+                        kind,
+                        sender,
+                    },
+                    (world, kind_parsed, sender_result) => {
+                        let reason = match (&world, kind_parsed, &sender_result) {
+                            (Err(e), _, _) => format!("world name {e}"),
+                            (_, None, _) => format!(
+                                "unknown sender kind {:?}; expected agent, human or system",
+                                display_untrusted(kind)
+                            ),
+                            (_, _, Err(e)) => format!("sender name {e}"),
+                            _ => String::new(),
+                        };
+                        invalid(world.ok(), kind_parsed, sender, &reason)
+                    }
+                }
+            }
+            ("join", [agent]) => match (world, Name::parse(agent)) {
+                (Ok(world), Ok(agent)) => Origin::Join { world, agent },
+                (world, agent_result) => {
+                    let reason = match (&world, agent_result) {
+                        (Err(e), _) => format!("world name {e}"),
+                        (_, Err(e)) => format!("agent name {e}"),
+                        _ => String::new(),
+                    };
+                    invalid(world.ok(), None, agent, &reason)
+                }
+            },
+            ("raw", _) => invalid(
+                world.ok(),
+                None,
+                tail.get(1).copied().unwrap_or(""),
+                "subject must have the form P.raw.WORLD.KIND.NAME",
+            ),
+            ("join", _) => invalid(
+                world.ok(),
+                None,
+                tail.first().copied().unwrap_or(""),
+                "subject must have the form P.join.WORLD.AGENT",
+            ),
+            _ => invalid(None, None, "", "subject is not a raw or join subject"),
+        }
+    }
+}
+
+fn invalid(world: Option<Name>, kind: Option<SenderKind>, sender: &str, reason: &str) -> Origin {
+    Origin::Invalid {
+        world,
+        kind,
+        sender: display_untrusted(sender),
+        reason: reason.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s() -> Subjects {
+        Subjects::new("chat")
+    }
+
+    fn n(x: &str) -> Name {
+        Name::parse(x).unwrap()
+    }
+
+    #[test]
+    fn parses_raw_and_join_subjects_canonically() {
+        assert_eq!(
+            s().parse("chat.raw.Lobby.agent.Alice"),
+            Origin::Raw {
+                world: n("lobby"),
+                kind: SenderKind::Agent,
+                sender: n("alice")
+            }
+        );
+        assert_eq!(
+            s().parse("chat.join.lobby.bob"),
+            Origin::Join {
+                world: n("lobby"),
+                agent: n("bob")
+            }
+        );
+    }
+
+    #[test]
+    fn unknown_kinds_and_bad_token_counts_keep_a_valid_world() {
+        for subject in [
+            "chat.raw.lobby.robot.x",
+            "chat.raw.lobby.agent",
+            "chat.raw.lobby.agent.a.b",
+            "chat.raw.lobby.agent.bøb",
+            "chat.join.lobby",
+            "chat.join.lobby.a.b",
+        ] {
+            match s().parse(subject) {
+                Origin::Invalid { world, reason, .. } => {
+                    assert_eq!(world, Some(n("lobby")), "{subject}");
+                    assert!(!reason.is_empty(), "{subject}");
+                }
+                other => panic!("{subject}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_invalid_world_gives_no_world() {
+        match s().parse("chat.raw.wörld.agent.a") {
+            Origin::Invalid {
+                world: None,
+                reason,
+                ..
+            } => assert!(reason.contains("world")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_valid_kind_is_kept_for_counting() {
+        match s().parse("chat.raw.lobby.human.x*") {
+            Origin::Invalid { kind, .. } => assert_eq!(kind, Some(SenderKind::Human)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn builds_subjects_only_from_names() {
+        let s = Subjects::new("acme.chat");
+        assert_eq!(s.public(&n("w")), "acme.chat.public.w");
+        assert_eq!(s.private(&n("w"), &n("a")), "acme.chat.private.w.a");
+        assert_eq!(s.events(&n("w")), "acme.chat.events.w");
+        assert_eq!(
+            s.parse("acme.chat.join.w.a"),
+            Origin::Join {
+                world: n("w"),
+                agent: n("a")
+            }
+        );
+    }
+}
