@@ -135,6 +135,10 @@ async fn the_roster_grows_by_join_and_by_publishing() {
     assert_eq!(out.public("den").len(), 1);
 
     h.join("den", "Dave").await;
+    assert!(
+        h.settle("den").await.0.is_empty(),
+        "a join publishes nothing, not even an event"
+    );
     h.send_json("den", "agent", "erin", msg("@dave now?")).await;
     let out = h.settle("den").await;
     assert_eq!(

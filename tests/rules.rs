@@ -217,6 +217,7 @@ async fn depth_follows_parent_then_thread_then_latest_and_rejects_past_the_limit
 async fn duplicate_content_from_any_sender_is_rejected_within_the_window() {
     let mut h = Harness::start(&with("[rules.duplicate]\nwindow_seconds = 300\n")).await;
     h.join("w", "bob").await;
+    h.settle("w").await;
     h.send_json("w", "human", "hank", msg("Sounds good")).await;
     h.send_json("w", "agent", "alice", msg("@bob   sounds GOOD"))
         .await;

@@ -15,7 +15,7 @@ impl Rule for Turns {
         let max = cx.limits.turns.max;
         if max > 0 && cx.world.turns >= max {
             return Err(format!(
-                "agents have taken {} turns since the last human or system message, the limit is {max}; the world is paused until a human speaks",
+                "agents have taken {} turns since the last human or system message, the limit is {max}; agents are paused until a human or system message arrives",
                 cx.world.turns
             ));
         }

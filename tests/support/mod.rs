@@ -59,14 +59,52 @@ fn nats_server_bin() -> PathBuf {
 pub struct NatsServer {
     child: Child,
     pub port: u16,
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl NatsServer {
+    /// Starts a server on a port it picks itself (`-p -1`), read back from
+    /// its ports file: no window in which two tests can race for a port.
     pub fn start() -> NatsServer {
-        NatsServer::start_on(free_port())
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut child = Command::new(nats_server_bin())
+            .args(["-a", "127.0.0.1", "-p", "-1", "--ports_file_dir"])
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nats-server starts");
+        let ports_file = dir.path().join(format!("nats-server_{}.ports", child.id()));
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        let port = loop {
+            let url = std::fs::read_to_string(&ports_file)
+                .ok()
+                .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+                .and_then(|v| v["nats"][0].as_str().map(str::to_owned));
+            if let Some(port) = url.and_then(|u| u.rsplit(':').next().and_then(|p| p.parse().ok()))
+            {
+                break port;
+            }
+            assert!(
+                child.try_wait().ok().flatten().is_none(),
+                "nats-server exited at start"
+            );
+            assert!(
+                std::time::Instant::now() < deadline,
+                "nats-server wrote no ports file"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let server = NatsServer {
+            child,
+            port,
+            _dir: Some(dir),
+        };
+        server.wait_accepting();
+        server
     }
 
-    /// Starts a server on `port` and waits until it accepts connections.
+    /// Starts a server on a given `port` (to restart one where it was).
     pub fn start_on(port: u16) -> NatsServer {
         let child = Command::new(nats_server_bin())
             .args(["-a", "127.0.0.1", "-p", &port.to_string()])
@@ -74,16 +112,25 @@ impl NatsServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("nats-server starts");
-        let server = NatsServer { child, port };
+        let server = NatsServer {
+            child,
+            port,
+            _dir: None,
+        };
+        server.wait_accepting();
+        server
+    }
+
+    fn wait_accepting(&self) {
         let deadline = std::time::Instant::now() + TIMEOUT;
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
             assert!(
                 std::time::Instant::now() < deadline,
-                "nats-server did not come up on {port}"
+                "nats-server did not come up on {}",
+                self.port
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        server
     }
 
     pub fn url(&self) -> String {
@@ -303,6 +350,11 @@ impl Harness {
         while self.rx.try_recv().is_ok() {}
     }
 
+    /// The next message loopguard published, in arrival order.
+    pub async fn recv(&mut self) -> Option<Received> {
+        self.rx.recv().await
+    }
+
     fn next_token(&self) -> String {
         format!("barrier{}", self.barrier.fetch_add(1, Ordering::SeqCst))
     }
@@ -331,18 +383,30 @@ impl Harness {
             .await;
     }
 
-    /// Everything loopguard published since the last settle, up to a barrier
-    /// sent into `world` now (the barrier's own event is left out).
+    /// Everything loopguard published since the last settle, up to two
+    /// barriers sent into `world` now, one through each subscription (raw and
+    /// join are separate subscriptions, ordered only among themselves). The
+    /// barriers' own events are left out.
     pub async fn settle(&mut self, world: &str) -> Outputs {
-        let token = self.next_token();
-        self.publish(format!("chat.raw.{world}.sync.{token}"), Bytes::new())
+        let raw = self.next_token();
+        let join = self.next_token();
+        self.publish(format!("chat.raw.{world}.sync.{raw}"), Bytes::new())
+            .await;
+        self.publish(format!("chat.join.{world}.{join}.sync"), Bytes::new())
             .await;
         let events = format!("chat.events.{world}");
+        let mut pending = vec![raw, join];
         let mut out = Vec::new();
-        within(&format!("barrier {token} in {world}"), async {
+        within(&format!("barriers {pending:?} in {world}"), async {
             while let Some(r) = self.rx.recv().await {
-                if r.subject == events && r.body["sender"] == token.as_str() {
-                    return;
+                if r.subject == events {
+                    if let Some(i) = pending.iter().position(|t| r.body["sender"] == t.as_str()) {
+                        pending.swap_remove(i);
+                        if pending.is_empty() {
+                            return;
+                        }
+                        continue;
+                    }
                 }
                 out.push(r);
             }

@@ -1,0 +1,221 @@
+//! Bad input never hurts: each kind of malformed or hostile input gets a
+//! rejection event with a reason, or is treated as plain text, as the
+//! contract says; nothing panics, and valid messages keep flowing.
+
+mod support;
+
+use serde_json::json;
+use support::{msg, Harness};
+
+const SMALL: &str = "[limits]\nmax_payload_bytes = 1024\n[rules.duplicate]\nwindow_seconds = 0\n";
+
+/// Asserts the one event in `w` is a rejection by `rule` with a reason.
+fn assert_rejected(out: &support::Outputs, w: &str, rule: &str) {
+    let e = &out.event(w).body;
+    assert_eq!(e["decision"], "rejected", "{e}");
+    assert_eq!(e["rule"], rule, "{e}");
+    assert!(
+        e["reason"].as_str().is_some_and(|r| r.len() > 10),
+        "a reason a person can read: {e}"
+    );
+    assert!(
+        out.public(w).is_empty() && out.all_private(w).is_empty(),
+        "nothing delivered"
+    );
+}
+
+#[tokio::test]
+async fn invalid_utf8_is_rejected_as_invalid() {
+    let mut h = Harness::start(SMALL).await;
+    h.send("w", "agent", "alice", vec![b'h', 0xff, 0xfe, b'i'])
+        .await;
+    let out = h.settle("w").await;
+    assert_rejected(&out, "w", "invalid");
+    assert!(out.event("w").body["reason"]
+        .as_str()
+        .unwrap()
+        .contains("UTF-8"));
+}
+
+#[tokio::test]
+async fn oversize_payloads_are_rejected_as_too_large() {
+    let mut h = Harness::start(SMALL).await;
+    h.send("w", "human", "hank", vec![b'x'; 1025]).await;
+    let out = h.settle("w").await;
+    assert_rejected(&out, "w", "too_large");
+    h.send("w", "human", "hank", vec![b'x'; 1024]).await;
+    assert_eq!(
+        h.settle("w").await.public("w").len(),
+        1,
+        "exactly the limit is fine"
+    );
+}
+
+#[tokio::test]
+async fn objects_without_string_content_or_with_non_string_ids_are_invalid() {
+    let mut h = Harness::start(SMALL).await;
+    for payload in [
+        json!({}),
+        json!({"content": 5}),
+        json!({"content": null}),
+        json!({"text": ["x"]}),
+        json!({"content": "x", "id": 1}),
+        json!({"content": "x", "thread_id": {}}),
+        json!({"content": "x", "parent_id": false}),
+    ] {
+        h.send_json("w", "agent", "alice", payload.clone()).await;
+        let out = h.settle("w").await;
+        assert_rejected(&out, "w", "invalid");
+    }
+}
+
+#[tokio::test]
+async fn malformed_json_and_non_object_json_are_plain_text() {
+    let mut h = Harness::start(SMALL).await;
+    for raw in [
+        "{\"content\": \"unterminated",
+        "\"hi\"",
+        "[1]",
+        "42",
+        "null",
+        "plain words",
+    ] {
+        h.send("w", "agent", "alice", raw.as_bytes().to_vec()).await;
+        let out = h.settle("w").await;
+        let public = out.public("w");
+        assert_eq!(public.len(), 1, "{raw:?} is delivered");
+        assert_eq!(
+            public[0].body["content"], raw,
+            "{raw:?} is the content byte for byte"
+        );
+    }
+}
+
+#[tokio::test]
+async fn bad_names_in_subjects_are_rejected_with_an_event_when_the_world_is_valid() {
+    let mut h = Harness::start(SMALL).await;
+    for subject in [
+        "chat.raw.w.robot.x".to_string(),
+        "chat.raw.w.agent".to_string(),
+        "chat.raw.w.agent.a.b".to_string(),
+        "chat.raw.w.agent.b\u{f8}b".to_string(),
+        format!("chat.raw.w.agent.{}", "a".repeat(65)),
+        "chat.join.w.b\u{f8}b".to_string(),
+    ] {
+        h.publish(subject.clone(), msg("hi").to_string().into())
+            .await;
+        let out = h.settle("w").await;
+        assert_rejected(&out, "w", "invalid");
+        let sender = out.event("w").body["sender"].as_str().unwrap().to_string();
+        assert!(
+            sender.chars().count() <= 64,
+            "{subject}: sender is shortened"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_invalid_world_gets_no_event_and_harms_nothing() {
+    let mut h = Harness::start(SMALL).await;
+    h.publish(
+        "chat.raw.w\u{f6}rld.agent.alice".into(),
+        msg("hi").to_string().into(),
+    )
+    .await;
+    h.publish(
+        format!("chat.raw.{}.agent.alice", "w".repeat(65)),
+        msg("hi").to_string().into(),
+    )
+    .await;
+    h.send_json("w", "agent", "alice", msg("still working"))
+        .await;
+    let out = h.settle("w").await;
+    assert_eq!(
+        out.0.len(),
+        2,
+        "only the valid message's copy and event: {:#?}",
+        out.0
+    );
+    assert_eq!(out.public("w").len(), 1);
+}
+
+#[tokio::test]
+async fn uppercase_names_are_canonicalised_not_rejected() {
+    let mut h = Harness::start(SMALL).await;
+    h.send_json("W", "agent", "Alice", msg("hi")).await;
+    let out = h.settle("w").await;
+    assert_eq!(out.public("w")[0].body["sender"], "alice");
+    assert_eq!(out.public("w")[0].body["world"], "w");
+}
+
+#[tokio::test]
+async fn hostile_mentions_are_plain_text_and_never_reach_a_subject() {
+    let mut h = Harness::start("[worlds.w]\nagents = [\"bob\"]\n[rules.duplicate]\nwindow_seconds = 0\n[rules.depth]\nmax = 0\n").await;
+    for content in [
+        "@bob.> hi",
+        "@bob.* hi",
+        "@* hi",
+        "@> hi",
+        "@b\u{f8}b hi",
+        "@bob\u{a0}x hi",
+        "@bob\u{0}x hi",
+        "@../bob hi",
+    ] {
+        h.send_json("w", "agent", "alice", msg(content)).await;
+        let out = h.settle("w").await;
+        assert_eq!(out.public("w").len(), 1, "{content:?} goes public as text");
+        assert!(
+            out.all_private("w").is_empty(),
+            "{content:?} reaches no inbox"
+        );
+        for r in &out.0 {
+            assert!(
+                r.subject == "chat.public.w" || r.subject == "chat.events.w",
+                "{content:?} produced subject {}",
+                r.subject
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_burst_of_garbage_leaves_valid_traffic_untouched() {
+    let mut h = Harness::start(SMALL).await;
+    let garbage: Vec<Vec<u8>> = vec![
+        vec![0xff; 2000],
+        vec![0xc3],
+        b"{\"content\":".to_vec(),
+        vec![0; 100],
+        "\u{202e}\u{0}@@@@".as_bytes().to_vec(),
+        b"{\"content\": \"\\ud800\"}".to_vec(),
+    ];
+    for (i, g) in garbage.iter().enumerate() {
+        h.send("w", "agent", "alice", g.clone()).await;
+        h.send_json(
+            "w",
+            "human",
+            "hank",
+            json!({"content": format!("valid {i}"), "id": format!("v{i}")}),
+        )
+        .await;
+    }
+    let out = h.settle("w").await;
+    assert_eq!(
+        out.events("w").len(),
+        2 * garbage.len(),
+        "one event per ingress message"
+    );
+    let delivered: Vec<_> = out
+        .public("w")
+        .iter()
+        .filter(|r| r.body["sender"] == "hank")
+        .map(|r| r.str("id").to_string())
+        .collect();
+    assert_eq!(
+        delivered,
+        (0..garbage.len())
+            .map(|i| format!("v{i}"))
+            .collect::<Vec<_>>()
+    );
+    assert!(h.loopguard.is_running());
+}
