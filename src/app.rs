@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::SystemClock;
+use crate::admin::{self, Admin, Readiness};
+use crate::clock::{Clock, SystemClock};
 use crate::config::Settings;
 use crate::ingest::{self, Dispatcher};
 use crate::judge::Judge;
@@ -16,6 +17,11 @@ use crate::publish::Publisher;
 /// Why loopguard could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
+    #[error("cannot listen on http.listen {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("cannot set up the NATS connection: {0}")]
     Connect(#[from] async_nats::ConnectError),
     #[error("cannot subscribe to {subject}: {source}")]
@@ -33,10 +39,32 @@ pub async fn run(
     let settings = Arc::new(settings);
     let config = &settings.config;
     let metrics = Metrics::new();
-    let judge = Arc::new(Judge::new(
-        settings.clone(),
-        Arc::new(SystemClock),
-        metrics.clone(),
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let judge = Arc::new(Judge::new(settings.clone(), clock.clone(), metrics.clone()));
+
+    // HTTP first: /healthz answers and /readyz says 503 while NATS is not
+    // there yet.
+    let listener = tokio::net::TcpListener::bind(&config.http.listen)
+        .await
+        .map_err(|source| AppError::Bind {
+            addr: config.http.listen.clone(),
+            source,
+        })?;
+    let http_addr = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    tracing::info!(addr = %http_addr, "http listening");
+    let readiness = Arc::new(Readiness::default());
+    let http = tokio::spawn(admin::serve(
+        listener,
+        Arc::new(Admin {
+            metrics: metrics.clone(),
+            worlds: judge.worlds().clone(),
+            readiness: readiness.clone(),
+            clock,
+            admin_token: config.http.admin_token.clone(),
+        }),
     ));
 
     let client = connect(&settings, &metrics).await?;
@@ -52,6 +80,7 @@ pub async fn run(
     };
     let raw = subscribe(subjects.raw_wildcard()).await?;
     let join = subscribe(subjects.join_wildcard()).await?;
+    readiness.subscribed(client.clone());
     tracing::info!(
         raw = %subjects.raw_wildcard(), join = %subjects.join_wildcard(),
         mode = ?config.mode, "subscribed"
@@ -68,8 +97,10 @@ pub async fn run(
     let signalled = Arc::new(tokio::sync::Notify::new());
     let stop = {
         let signalled = signalled.clone();
+        let readiness = readiness.clone();
         async move {
             stop.await;
+            readiness.draining();
             signalled.notify_one();
         }
     };
@@ -92,6 +123,7 @@ pub async fn run(
             tokio::time::sleep(grace).await
         } => tracing::warn!(grace_seconds = grace.as_secs(), "shutdown: grace period over, exiting with work left"),
     }
+    http.abort();
     Ok(())
 }
 
@@ -129,5 +161,8 @@ async fn connect(settings: &Settings, metrics: &Metrics) -> Result<async_nats::C
             }
         });
     tracing::info!(url = %config.nats.url, "connecting to NATS");
-    Ok(options.connect(config.nats.url.as_str()).await?)
+    // Validated at start-up, so this cannot fail here; an empty list would
+    // make the client report the error.
+    let servers = config.nats.servers().unwrap_or_default();
+    Ok(options.connect(servers).await?)
 }

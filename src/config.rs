@@ -59,6 +59,7 @@ pub struct Config {
     pub state: StateConfig,
     pub rules: RulesConfig,
     pub shutdown: ShutdownConfig,
+    pub log: LogConfig,
     /// Per-world overrides, keyed by world name. Not settable from the
     /// environment (contract §6).
     pub worlds: BTreeMap<String, WorldOverride>,
@@ -74,6 +75,27 @@ pub struct NatsConfig {
     /// Messages buffered per subscription before the client drops them as a
     /// slow consumer. Large enough to absorb bursts while workers catch up.
     pub subscription_capacity: usize,
+}
+
+impl NatsConfig {
+    /// The server addresses of `url`: one or more, comma separated, each
+    /// `nats://`, `tls://`, `ws://` or `wss://` (or bare `host:port`).
+    pub fn servers(&self) -> Result<Vec<async_nats::ServerAddr>, ConfigError> {
+        let mut servers = Vec::new();
+        for part in self.url.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let addr = part.parse::<async_nats::ServerAddr>().map_err(|e| {
+                invalid(
+                    "nats.url",
+                    format!("{part:?} is not a NATS server address: {e}"),
+                )
+            })?;
+            servers.push(addr);
+        }
+        if servers.is_empty() {
+            return Err(invalid("nats.url", "must name at least one server"));
+        }
+        Ok(servers)
+    }
 }
 
 impl Default for NatsConfig {
@@ -161,6 +183,35 @@ pub struct ShutdownConfig {
 impl Default for ShutdownConfig {
     fn default() -> Self {
         ShutdownConfig { grace_seconds: 10 }
+    }
+}
+
+/// How log lines look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, for log pipelines.
+    Json,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// A `tracing` filter (`info`, `loopguard=debug,warn`, …); `RUST_LOG`
+    /// wins when set.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
     }
 }
 
@@ -308,9 +359,7 @@ impl Config {
 
     /// Checks every value and resolves per-world settings.
     pub fn validate(self) -> Result<Settings, ConfigError> {
-        if self.nats.url.trim().is_empty() {
-            return Err(invalid("nats.url", "must not be empty"));
-        }
+        self.nats.servers()?;
         validate_prefix(&self.nats.prefix)?;
         if self.nats.subscription_capacity == 0 {
             return Err(invalid("nats.subscription_capacity", "must be at least 1"));
@@ -329,6 +378,12 @@ impl Config {
         }
         if self.state.idle_seconds == 0 {
             return Err(invalid("state.idle_seconds", "must be at least 1"));
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            return Err(invalid(
+                "log.level",
+                format!("{:?} is not a log filter: {e}", self.log.level),
+            ));
         }
         if self.shutdown.grace_seconds == 0 {
             return Err(invalid("shutdown.grace_seconds", "must be at least 1"));
@@ -496,6 +551,10 @@ mod tests {
         assert_eq!(c.rules.duplicate.window_seconds, 300);
         assert_eq!(c.rules.cooldown.seconds, 0);
         assert_eq!((c.rules.rate.max, c.rules.rate.window_seconds), (10, 60));
+        assert_eq!(
+            (c.log.format, c.log.level.as_str()),
+            (LogFormat::Text, "info")
+        );
     }
 
     #[test]
@@ -567,6 +626,10 @@ mod tests {
         assert!(error_of("[rules.turns]\nmax = -1\n", &[]).contains("max"));
         assert!(error_of("[worlds.\"a.b\"]\n", &[]).contains("worlds.a.b"));
         assert!(error_of("[worlds.a]\nagents = [\"x y\"]\n", &[]).contains("worlds.a.agents"));
+        assert!(error_of("[nats]\nurl = \"http://x:4222\"\n", &[]).contains("nats.url"));
+        assert!(error_of("[nats]\nurl = \" , \"\n", &[]).contains("nats.url"));
+        assert!(error_of("[log]\nlevel = \"loud=[\"\n", &[]).contains("log.level"));
+        assert!(error_of("[log]\nformat = \"xml\"\n", &[]).contains("xml"));
     }
 
     #[test]
@@ -577,6 +640,12 @@ mod tests {
         assert!(e.contains("per-world"), "{e}");
         let e = error_of("", &[("LOOPGUARD__RULES__TURNS__MAX", "many")]);
         assert!(e.contains("max"), "{e}");
+    }
+
+    #[test]
+    fn several_nats_urls_are_accepted() {
+        let s = load_toml("[nats]\nurl = \"nats://a:4222, tls://b:4223\"\n", &[]).unwrap();
+        assert_eq!(s.config.nats.servers().unwrap().len(), 2);
     }
 
     #[test]

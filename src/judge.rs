@@ -112,8 +112,9 @@ struct Egress<'a> {
     reason: Option<&'static str>,
 }
 
-/// Keys loopguard sets on egress; ingress copies of them are dropped.
-const EGRESS_KEYS: [&str; 12] = [
+/// Keys loopguard sets on every egress copy; ingress copies of them are
+/// dropped. (`reason` is set on notices only, so an ingress `reason` stays.)
+const EGRESS_KEYS: [&str; 11] = [
     "id",
     "world",
     "sender",
@@ -125,7 +126,6 @@ const EGRESS_KEYS: [&str; 12] = [
     "mentions",
     "visibility",
     "received_at",
-    "reason",
 ];
 
 /// Decides messages. Shared by every worker; per-world exclusion is the

@@ -18,11 +18,14 @@
 //! - [`events`]: the one place a decision is logged, counted ([`metrics`]) and
 //!   turned into its event.
 //! - [`publish`]: sends the decided copies, notice and event to NATS.
+//! - [`admin`]: HTTP — `/metrics`, `/healthz`, `/readyz`, the world view and
+//!   reset.
 //! - [`app`]: wiring, start-up and the graceful drain; [`shutdown`]: signals.
 //! - [`config`]: the TOML file and `LOOPGUARD__…` overrides, validated whole.
 //! - [`clock`]: injected time, so rules are tested without sleeping.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod app;
 pub mod clock;
 pub mod config;

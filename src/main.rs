@@ -22,6 +22,22 @@ struct Args {
     check: bool,
 }
 
+/// Logs go to standard error, as text or JSON; `RUST_LOG` wins over
+/// `log.level` when set.
+fn init_logs(log: &loopguard::config::LogConfig) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&log.level));
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    match log.format {
+        loopguard::config::LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        loopguard::config::LogFormat::Json => builder.json().init(),
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let settings = match Config::load(args.config.as_deref(), std::env::vars()) {
@@ -36,14 +52,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
 
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    init_logs(&settings.config.log);
 
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,

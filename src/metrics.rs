@@ -20,6 +20,8 @@ pub struct Metrics {
     pub worlds: IntGauge,
     pub nats_connected: IntGauge,
     pub nats_reconnects: IntCounter,
+    /// 1 while `/readyz` answers 200; what "not ready" alerts watch.
+    pub ready: IntGauge,
 }
 
 /// The `decision` label.
@@ -114,15 +116,27 @@ impl Metrics {
             "Connections to NATS re-established after a loss.",
         )
         .expect("static counter");
+        let ready = IntGauge::new(
+            "loopguard_ready",
+            "1 while connected to NATS, subscribed and not draining (what /readyz answers).",
+        )
+        .expect("static gauge");
         for c in [
             Box::new(decision_duration.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(worlds.clone()),
             Box::new(nats_connected.clone()),
             Box::new(nats_reconnects.clone()),
+            Box::new(ready.clone()),
         ] {
             registry
                 .register(c)
                 .expect("each metric is registered once");
+        }
+        #[cfg(target_os = "linux")]
+        if let Err(e) = registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        )) {
+            tracing::warn!(error = %e, "process metrics unavailable");
         }
         Metrics {
             registry,
@@ -135,7 +149,20 @@ impl Metrics {
             worlds,
             nats_connected,
             nats_reconnects,
+            ready,
         }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let families = self.registry.gather();
+        if let Err(e) =
+            prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &families, &mut out)
+        {
+            tracing::warn!(error = %e, "cannot encode metrics");
+        }
+        out
     }
 
     pub fn message(&self, kind: SenderKind, outcome: Outcome) {

@@ -222,6 +222,15 @@ impl WorldState {
         }
         self.thread_latest
             .insert(approved.lineage.thread_id.clone(), id.clone());
+        if self.thread_latest.len() > 2 * MAX_REMEMBERED {
+            // Drop entries whose message was forgotten or re-filed under
+            // another thread (a reused id). Each remembered message backs at
+            // most one entry, so this leaves at most MAX_REMEMBERED, and runs
+            // once per MAX_REMEMBERED new threads at most.
+            let messages = &self.messages;
+            self.thread_latest
+                .retain(|thread, id| messages.get(id).is_some_and(|m| m.thread_id == *thread));
+        }
         self.latest = Some(id);
 
         self.contents
@@ -278,6 +287,62 @@ impl WorldState {
     }
 }
 
+/// What `GET /v1/worlds/{world}` shows of a world.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WorldView {
+    pub world: Name,
+    pub turns: u32,
+    pub paused: bool,
+    pub roster: Vec<Name>,
+    /// Recent activity of each roster agent.
+    pub agents: std::collections::BTreeMap<Name, AgentView>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AgentView {
+    /// Listed in config (never forgotten).
+    pub pinned: bool,
+    /// Seconds since the agent last published or joined.
+    pub last_seen_seconds_ago: f64,
+    /// Seconds since its last approved message, if any is remembered.
+    pub last_approved_seconds_ago: Option<f64>,
+    /// Approved messages within the world's rate window.
+    pub approved_in_rate_window: usize,
+}
+
+impl WorldState {
+    /// A snapshot for the HTTP view.
+    pub fn view(&self, world: &Name, now: Instant) -> WorldView {
+        let rate_window = Duration::from_secs(self.settings.rules.rate.window_seconds);
+        let ago = |t: Instant| now.saturating_duration_since(t).as_secs_f64();
+        let roster = self.roster(now);
+        let agents = roster
+            .iter()
+            .filter_map(|name| self.agents.get(name).map(|a| (name, a)))
+            .map(|(name, a)| {
+                let view = AgentView {
+                    pinned: a.pinned,
+                    last_seen_seconds_ago: ago(a.last_seen),
+                    last_approved_seconds_ago: a.last_approved().map(ago),
+                    approved_in_rate_window: a
+                        .approvals
+                        .iter()
+                        .filter(|t| now.saturating_duration_since(**t) < rate_window)
+                        .count(),
+                };
+                (name.clone(), view)
+            })
+            .collect();
+        WorldView {
+            world: world.clone(),
+            turns: self.turns,
+            paused: self.paused,
+            roster,
+            agents,
+        }
+    }
+}
+
 /// An approved message as [`WorldState::record_approved`] needs it.
 pub struct Approved<'a> {
     pub id: &'a str,
@@ -311,9 +376,13 @@ pub struct Worlds {
 impl Worlds {
     pub fn new(settings: Arc<Settings>) -> Worlds {
         let idle = Duration::from_secs(settings.config.state.idle_seconds);
+        // LRU, not moka's default TinyLFU: TinyLFU may refuse to admit a new
+        // world when full, and a refused world would lose its state after
+        // every message, so a loop in it would never be counted.
         let cache = moka::sync::Cache::builder()
             .max_capacity(settings.config.state.max_worlds)
             .time_to_idle(idle)
+            .eviction_policy(moka::policy::EvictionPolicy::lru())
             .build();
         Worlds {
             cache,
@@ -335,8 +404,9 @@ impl Worlds {
         self.cache.get(world)
     }
 
-    /// Approximate number of worlds held.
+    /// Number of worlds held, after pending evictions are applied.
     pub fn len(&self) -> u64 {
+        self.cache.run_pending_tasks();
         self.cache.entry_count()
     }
 
@@ -456,6 +526,42 @@ mod tests {
         }
         assert_eq!(w.messages.len(), MAX_REMEMBERED);
         assert!(!w.messages.contains_key("m0"));
+    }
+
+    #[test]
+    fn thread_index_stays_bounded_when_ids_are_reused_across_threads() {
+        let (mut w, t0) = world(&[]);
+        for i in 0..10 * MAX_REMEMBERED {
+            let l = Lineage {
+                parent_id: None,
+                thread_id: Arc::from(format!("t{i}")),
+                depth: 0,
+            };
+            approve(&mut w, "same-id", &l, t0);
+        }
+        assert!(
+            w.thread_latest.len() <= 2 * MAX_REMEMBERED + 1,
+            "{}",
+            w.thread_latest.len()
+        );
+        // a stale thread no longer resolves to a message filed elsewhere
+        let l = w.lineage("n", Some("t0"), None, true);
+        assert_eq!(&*l.thread_id, "t0");
+    }
+
+    #[test]
+    fn a_full_cache_still_admits_new_worlds_and_evicts_the_least_recently_used() {
+        let mut config = crate::config::Config::default();
+        config.state.max_worlds = 3;
+        let worlds = Worlds::new(Arc::new(config.validate().unwrap()));
+        let now = Instant::now();
+        for i in 0..50 {
+            let w = name(&format!("w{i}"));
+            lock(&worlds.get_or_create(&w, now)).turns = 7;
+            assert!(worlds.get(&w).is_some(), "w{i} admitted");
+        }
+        assert_eq!(worlds.len(), 3);
+        assert!(worlds.get(&name("w0")).is_none());
     }
 
     #[test]

@@ -169,8 +169,8 @@ async fn sigterm_drains_everything_taken_in_and_exits_0() {
         .await;
     }
     // Everything is at the server before the signal.
-    h.client.flush().await.unwrap();
-    let status = h.loopguard.terminate();
+    within("flush", h.client.flush()).await.unwrap();
+    let status = h.loopguard.terminate().await;
     let logs = h.loopguard.logs();
     assert_eq!(status.code(), Some(0), "{logs}");
     for step in [
@@ -202,7 +202,7 @@ async fn sigterm_drains_everything_taken_in_and_exits_0() {
         n
     };
     // The server has everything loopguard flushed once a round trip returns.
-    counter.flush().await.unwrap();
+    within("flush", counter.flush()).await.unwrap();
     let (e, p) = within("counts", async {
         let (mut e, mut p) = (0, 0);
         while e < N || p < N {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{Context, Rule, RuleName};
+use super::{Context, Rule, RuleName, Verdict};
 
 pub struct Cooldown;
 
@@ -12,10 +12,10 @@ impl Rule for Cooldown {
         RuleName::Cooldown
     }
 
-    fn check(&self, cx: &Context<'_>) -> Result<(), String> {
+    fn check(&self, cx: &Context<'_>) -> Verdict {
         let secs = cx.limits.cooldown.seconds;
         if secs == 0 {
-            return Ok(());
+            return Verdict::Allow;
         }
         let last = cx
             .world
@@ -24,14 +24,17 @@ impl Rule for Cooldown {
         if let Some(last) = last {
             let since = cx.msg.now.saturating_duration_since(last);
             if since < Duration::from_secs(secs) {
-                return Err(format!(
-                    "{}'s previous message was {:.1}s ago; the cooldown is {secs}s",
-                    cx.msg.sender,
-                    since.as_secs_f64()
-                ));
+                return Verdict::reject(
+                    self.name(),
+                    format!(
+                        "{}'s previous message was {:.1}s ago; the cooldown is {secs}s",
+                        cx.msg.sender,
+                        since.as_secs_f64()
+                    ),
+                );
             }
         }
-        Ok(())
+        Verdict::Allow
     }
 }
 
@@ -50,20 +53,23 @@ mod tests {
     #[test]
     fn rejects_until_the_cooldown_has_passed() {
         let mut f = fixture(30);
-        assert!(f.check(&Cooldown, 0, 1, 1).is_ok(), "first message is free");
+        assert!(
+            f.check(&Cooldown, 0, 1, 1).allows(),
+            "first message is free"
+        );
         f.approve(0, 1);
-        let reason = f.check(&Cooldown, 29, 1, 2).unwrap_err();
+        let reason = f.check(&Cooldown, 29, 1, 2).expect_reject();
         assert!(
             reason.contains("alice") && reason.contains("30s"),
             "{reason}"
         );
-        assert!(f.check(&Cooldown, 30, 1, 2).is_ok());
+        assert!(f.check(&Cooldown, 30, 1, 2).allows());
     }
 
     #[test]
     fn zero_disables() {
         let mut f = fixture(0);
         f.approve(0, 1);
-        assert!(f.check(&Cooldown, 0, 1, 2).is_ok());
+        assert!(f.check(&Cooldown, 0, 1, 2).allows());
     }
 }

@@ -2,7 +2,7 @@
 //! `rules.depth.max`. The depth itself is resolved by the world state
 //! (`WorldState::lineage`) from `parent_id`, `thread_id` or the latest message.
 
-use super::{Context, Rule, RuleName};
+use super::{Context, Rule, RuleName, Verdict};
 
 pub struct Depth;
 
@@ -11,15 +11,18 @@ impl Rule for Depth {
         RuleName::Depth
     }
 
-    fn check(&self, cx: &Context<'_>) -> Result<(), String> {
+    fn check(&self, cx: &Context<'_>) -> Verdict {
         let max = cx.limits.depth.max;
         if max > 0 && cx.msg.depth > max {
-            return Err(format!(
-                "reply depth {} is deeper than the limit of {max}",
-                cx.msg.depth
-            ));
+            return Verdict::reject(
+                self.name(),
+                format!(
+                    "reply depth {} is deeper than the limit of {max}",
+                    cx.msg.depth
+                ),
+            );
         }
-        Ok(())
+        Verdict::Allow
     }
 }
 
@@ -34,8 +37,8 @@ mod tests {
         let mut l = RulesConfig::default();
         l.depth.max = 3;
         let f = Fixture::new(l);
-        assert!(f.check(&Depth, 0, 3, 0).is_ok());
-        let reason = f.check(&Depth, 0, 4, 0).unwrap_err();
+        assert!(f.check(&Depth, 0, 3, 0).allows());
+        let reason = f.check(&Depth, 0, 4, 0).expect_reject();
         assert!(
             reason.contains("depth 4") && reason.contains("limit of 3"),
             "{reason}"
@@ -46,6 +49,6 @@ mod tests {
     fn zero_disables() {
         let mut l = RulesConfig::default();
         l.depth.max = 0;
-        assert!(Fixture::new(l).check(&Depth, 0, 1000, 0).is_ok());
+        assert!(Fixture::new(l).check(&Depth, 0, 1000, 0).allows());
     }
 }

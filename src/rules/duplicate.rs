@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Context, Rule, RuleName};
+use super::{Context, Rule, RuleName, Verdict};
 
 pub struct Duplicate;
 
@@ -13,18 +13,21 @@ impl Rule for Duplicate {
         RuleName::Duplicate
     }
 
-    fn check(&self, cx: &Context<'_>) -> Result<(), String> {
+    fn check(&self, cx: &Context<'_>) -> Verdict {
         let secs = cx.limits.duplicate.window_seconds;
         if secs > 0
             && cx
                 .world
                 .seen_content(cx.msg.content_hash, cx.msg.now, Duration::from_secs(secs))
         {
-            return Err(format!(
-                "the same content was already approved in this world within the last {secs}s"
-            ));
+            return Verdict::reject(
+                self.name(),
+                format!(
+                    "the same content was already approved in this world within the last {secs}s"
+                ),
+            );
         }
-        Ok(())
+        Verdict::Allow
     }
 }
 
@@ -44,15 +47,15 @@ mod tests {
     fn rejects_a_repeat_inside_the_window_only() {
         let mut f = fixture(300);
         f.approve(0, 7);
-        assert!(f.check(&Duplicate, 299, 1, 7).is_err());
-        assert!(f.check(&Duplicate, 300, 1, 7).is_ok());
-        assert!(f.check(&Duplicate, 10, 1, 8).is_ok());
+        assert!(f.check(&Duplicate, 299, 1, 7).rejects());
+        assert!(f.check(&Duplicate, 300, 1, 7).allows());
+        assert!(f.check(&Duplicate, 10, 1, 8).allows());
     }
 
     #[test]
     fn zero_disables() {
         let mut f = fixture(0);
         f.approve(0, 7);
-        assert!(f.check(&Duplicate, 0, 1, 7).is_ok());
+        assert!(f.check(&Duplicate, 0, 1, 7).allows());
     }
 }

@@ -91,11 +91,41 @@ pub struct Rejection {
     pub reason: String,
 }
 
+/// What a rule says of one message: a value, never an `Err` (errors are for
+/// failures of loopguard itself, and a rule cannot fail).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Allow,
+    Reject(Rejection),
+}
+
+impl Verdict {
+    pub fn reject(rule: RuleName, reason: String) -> Verdict {
+        Verdict::Reject(Rejection { rule, reason })
+    }
+
+    pub fn allows(&self) -> bool {
+        matches!(self, Verdict::Allow)
+    }
+
+    pub fn rejects(&self) -> bool {
+        !self.allows()
+    }
+
+    /// The reason of a rejection; panics on `Allow` (tests only).
+    #[cfg(test)]
+    pub fn expect_reject(self) -> String {
+        match self {
+            Verdict::Reject(r) => r.reason,
+            Verdict::Allow => panic!("expected a rejection"),
+        }
+    }
+}
+
 /// One loop rule.
 pub trait Rule: Send + Sync {
     fn name(&self) -> RuleName;
-    /// `Err(reason)` when the message must not go out.
-    fn check(&self, cx: &Context<'_>) -> Result<(), String>;
+    fn check(&self, cx: &Context<'_>) -> Verdict;
 }
 
 /// Rules 2-6, in the order the contract applies them.
@@ -103,11 +133,9 @@ pub static LOOP_RULES: [&dyn Rule; 5] = [&Turns, &Depth, &Duplicate, &Cooldown, 
 
 /// The first rule that fails, if any.
 pub fn first_failure(cx: &Context<'_>) -> Option<Rejection> {
-    LOOP_RULES.iter().find_map(|rule| {
-        rule.check(cx).err().map(|reason| Rejection {
-            rule: rule.name(),
-            reason,
-        })
+    LOOP_RULES.iter().find_map(|rule| match rule.check(cx) {
+        Verdict::Allow => None,
+        Verdict::Reject(rejection) => Some(rejection),
     })
 }
 
@@ -169,13 +197,7 @@ pub(crate) mod testing {
         }
 
         /// Runs `rule` on a message of the fixture's agent at `secs`.
-        pub fn check(
-            &self,
-            rule: &dyn Rule,
-            secs: u64,
-            depth: u32,
-            content_hash: u64,
-        ) -> Result<(), String> {
+        pub fn check(&self, rule: &dyn Rule, secs: u64, depth: u32, content_hash: u64) -> Verdict {
             let msg = Candidate {
                 sender: &self.agent,
                 depth,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{Context, Rule, RuleName};
+use super::{Context, Rule, RuleName, Verdict};
 
 pub struct Rate;
 
@@ -12,10 +12,10 @@ impl Rule for Rate {
         RuleName::Rate
     }
 
-    fn check(&self, cx: &Context<'_>) -> Result<(), String> {
+    fn check(&self, cx: &Context<'_>) -> Verdict {
         let (max, secs) = (cx.limits.rate.max, cx.limits.rate.window_seconds);
         if max == 0 || secs == 0 {
-            return Ok(());
+            return Verdict::Allow;
         }
         let window = Duration::from_secs(secs);
         let recent = cx.world.agent(cx.msg.sender).map_or(0, |a| {
@@ -26,12 +26,15 @@ impl Rule for Rate {
                 .count()
         });
         if recent >= max as usize {
-            return Err(format!(
-                "{} already sent {recent} messages in the last {secs}s, the limit is {max}",
-                cx.msg.sender
-            ));
+            return Verdict::reject(
+                self.name(),
+                format!(
+                    "{} already sent {recent} messages in the last {secs}s, the limit is {max}",
+                    cx.msg.sender
+                ),
+            );
         }
-        Ok(())
+        Verdict::Allow
     }
 }
 
@@ -52,13 +55,13 @@ mod tests {
     fn rejects_the_message_over_the_limit_and_frees_the_slot_later() {
         let mut f = fixture(3, 60);
         for t in [0, 10, 20] {
-            assert!(f.check(&Rate, t, 1, t).is_ok());
+            assert!(f.check(&Rate, t, 1, t).allows());
             f.approve(t, t);
         }
-        let reason = f.check(&Rate, 30, 1, 99).unwrap_err();
+        let reason = f.check(&Rate, 30, 1, 99).expect_reject();
         assert!(reason.contains("limit is 3"), "{reason}");
         // the first approval (t=0) leaves the window at t=60
-        assert!(f.check(&Rate, 60, 1, 99).is_ok());
+        assert!(f.check(&Rate, 60, 1, 99).allows());
     }
 
     #[test]
@@ -67,6 +70,6 @@ mod tests {
         for t in 0..20 {
             f.approve(t, t);
         }
-        assert!(f.check(&Rate, 20, 1, 99).is_ok());
+        assert!(f.check(&Rate, 20, 1, 99).allows());
     }
 }

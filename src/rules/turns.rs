@@ -2,7 +2,7 @@
 //! two ingress human or system messages. The judge sends the hand-back
 //! notice and sets the pause; this rule only says when the limit is hit.
 
-use super::{Context, Rule, RuleName};
+use super::{Context, Rule, RuleName, Verdict};
 
 pub struct Turns;
 
@@ -11,15 +11,17 @@ impl Rule for Turns {
         RuleName::Turns
     }
 
-    fn check(&self, cx: &Context<'_>) -> Result<(), String> {
+    fn check(&self, cx: &Context<'_>) -> Verdict {
         let max = cx.limits.turns.max;
         if max > 0 && cx.world.turns >= max {
-            return Err(format!(
-                "agents have taken {} turns since the last human or system message, the limit is {max}; agents are paused until a human or system message arrives",
-                cx.world.turns
-            ));
+            let turns = cx.world.turns;
+            let reason = format!(
+                "agents have taken {turns} turns since the last human or system message, \
+                 the limit is {max}; agents are paused until a human or system message arrives"
+            );
+            return Verdict::reject(self.name(), reason);
         }
-        Ok(())
+        Verdict::Allow
     }
 }
 
@@ -40,14 +42,14 @@ mod tests {
     #[test]
     fn allows_up_to_the_limit_then_rejects() {
         let mut f = Fixture::new(limits(2));
-        assert!(f.check(&Turns, 0, 1, 1).is_ok());
+        assert!(f.check(&Turns, 0, 1, 1).allows());
         f.approve(0, 1);
-        assert!(f.check(&Turns, 0, 1, 2).is_ok());
+        assert!(f.check(&Turns, 0, 1, 2).allows());
         f.approve(0, 2);
-        let reason = f.check(&Turns, 0, 1, 3).unwrap_err();
+        let reason = f.check(&Turns, 0, 1, 3).expect_reject();
         assert!(reason.contains("limit is 2"), "{reason}");
         f.world.reset_turns();
-        assert!(f.check(&Turns, 0, 1, 3).is_ok());
+        assert!(f.check(&Turns, 0, 1, 3).allows());
     }
 
     #[test]
@@ -56,6 +58,6 @@ mod tests {
         for i in 0..50 {
             f.approve(i, i);
         }
-        assert!(f.check(&Turns, 60, 1, 99).is_ok());
+        assert!(f.check(&Turns, 60, 1, 99).allows());
     }
 }

@@ -9,7 +9,6 @@
 //! barrier's event is in, every output of the earlier messages is too.
 #![allow(dead_code)]
 
-use std::io::Write;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -157,22 +156,20 @@ pub struct Loopguard {
 }
 
 impl Loopguard {
-    /// Starts the binary with `url` and `extra_toml` appended to a config
-    /// that otherwise holds the defaults.
-    pub fn spawn(url: &str, extra_toml: &str) -> Loopguard {
+    /// Starts the binary with `toml` as its config file. The NATS URL and an
+    /// ephemeral HTTP port come from the environment, which also exercises
+    /// the `LOOPGUARD__…` overrides in every test.
+    pub fn spawn(url: &str, toml: &str) -> Loopguard {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("loopguard.toml");
-        let mut f = std::fs::File::create(&config).expect("config file");
-        writeln!(
-            f,
-            "{extra_toml}\n[nats]\nurl = \"{url}\"\n[http]\nlisten = \"127.0.0.1:0\""
-        )
-        .unwrap();
+        std::fs::write(&config, toml).expect("config file");
         let log = dir.path().join("loopguard.log");
         let child = Command::new(env!("CARGO_BIN_EXE_loopguard"))
             .arg("--config")
             .arg(&config)
             .env("RUST_LOG", "loopguard=debug")
+            .env("LOOPGUARD__NATS__URL", url)
+            .env("LOOPGUARD__HTTP__LISTEN", "127.0.0.1:0")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
@@ -193,23 +190,21 @@ impl Loopguard {
     }
 
     /// Sends SIGTERM and waits for the exit code.
-    pub fn terminate(&mut self) -> std::process::ExitStatus {
+    pub async fn terminate(&mut self) -> std::process::ExitStatus {
         let ok = Command::new("kill")
             .args(["-TERM", &self.pid().to_string()])
             .status()
             .expect("kill runs");
         assert!(ok.success());
-        let deadline = std::time::Instant::now() + TIMEOUT;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
+        within("loopguard to exit after SIGTERM", async {
+            loop {
+                if let Some(status) = self.child.try_wait().expect("wait") {
+                    return status;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "loopguard did not exit after SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        })
+        .await
     }
 
     pub fn is_running(&mut self) -> bool {
@@ -290,8 +285,10 @@ impl Harness {
         let client = within("test client", async_nats::connect(nats.url()))
             .await
             .expect("test client connects");
-        let mut sub = client.subscribe("chat.>").await.expect("subscribe");
-        client.flush().await.expect("flush");
+        let mut sub = within("subscribe", client.subscribe("chat.>"))
+            .await
+            .expect("subscribe");
+        within("flush", client.flush()).await.expect("flush");
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             while let Some(m) = sub.next().await {
@@ -332,7 +329,7 @@ impl Harness {
     /// Sends barriers into a probe world until one comes back: loopguard is
     /// then connected and subscribed.
     async fn wait_ready(&mut self) {
-        within("loopguard to become ready", async {
+        let ready = tokio::time::timeout(TIMEOUT, async {
             loop {
                 let token = self.next_token();
                 self.publish("chat.raw.lg-probe.sync.".to_string() + &token, Bytes::new())
@@ -346,6 +343,11 @@ impl Harness {
             }
         })
         .await;
+        assert!(
+            ready.is_ok(),
+            "loopguard did not become ready; its log:\n{}",
+            self.loopguard.logs()
+        );
         // Drop anything the probes left behind.
         while self.rx.try_recv().is_ok() {}
     }
@@ -360,8 +362,7 @@ impl Harness {
     }
 
     pub async fn publish(&self, subject: String, payload: Bytes) {
-        self.client
-            .publish(subject, payload)
+        within("publish", self.client.publish(subject, payload))
             .await
             .expect("publish");
     }
@@ -420,4 +421,129 @@ impl Harness {
 /// A JSON message body with `content`.
 pub fn msg(content: &str) -> Value {
     serde_json::json!({ "content": content })
+}
+
+impl Loopguard {
+    /// The HTTP address loopguard bound (it logs it at start-up).
+    pub async fn http_addr(&self) -> String {
+        within("loopguard's http address", async {
+            loop {
+                let found = self.logs().lines().find_map(|l| {
+                    l.contains("http listening")
+                        .then(|| l.split("addr=").nth(1))
+                        .flatten()
+                        .map(|a| {
+                            a.split_whitespace()
+                                .next()
+                                .unwrap_or("")
+                                .trim_matches('"')
+                                .to_string()
+                        })
+                });
+                if let Some(addr) = found {
+                    return addr;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+    }
+}
+
+/// A minimal HTTP/1.1 exchange: (status, body).
+pub async fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    within(&format!("{method} {path}"), async {
+        let mut stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("connect to loopguard http");
+        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        if method == "POST"
+            && !headers
+                .iter()
+                .any(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+        {
+            req.push_str("Content-Length: 0\r\n");
+        }
+        req.push_str("\r\n");
+        stream
+            .write_all(req.as_bytes())
+            .await
+            .expect("write request");
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.expect("read response");
+        let text = String::from_utf8_lossy(&raw).to_string();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .expect("status line");
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        (status, body)
+    })
+    .await
+}
+
+/// One scrape of `/metrics`, as (name, labels) → value.
+pub struct Scrape(pub Vec<(String, std::collections::BTreeMap<String, String>, f64)>);
+
+impl Scrape {
+    pub async fn take(addr: &str) -> Scrape {
+        let (status, body) = http(addr, "GET", "/metrics", &[]).await;
+        assert_eq!(status, 200);
+        Scrape::parse(&body)
+    }
+
+    pub fn parse(text: &str) -> Scrape {
+        let mut out = Vec::new();
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            let (series, value) = line.rsplit_once(' ').expect("series and value");
+            let (name, labels) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let labels = labels
+                .split(',')
+                .filter(|p| !p.is_empty())
+                .filter_map(|p| p.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.trim_matches('"').to_string()))
+                .collect();
+            out.push((
+                name.to_string(),
+                labels,
+                value.parse().expect("numeric value"),
+            ));
+        }
+        Scrape(out)
+    }
+
+    /// The value of the series `name` with exactly these labels (0 if absent).
+    pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let want: std::collections::BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.0
+            .iter()
+            .find(|(n, l, _)| n == name && *l == want)
+            .map_or(0.0, |(_, _, v)| *v)
+    }
+
+    /// Every series of `name`.
+    pub fn all(&self, name: &str) -> Vec<(std::collections::BTreeMap<String, String>, f64)> {
+        self.0
+            .iter()
+            .filter(|(n, _, _)| n == name)
+            .map(|(_, l, v)| (l.clone(), *v))
+            .collect()
+    }
 }

@@ -1,0 +1,257 @@
+//! The HTTP server (contract §7): metrics, health, readiness, and the admin
+//! API to look at and reset a world. hyper 1 over tokio, HTTP/1.1.
+//!
+//! Bounds: at most [`MAX_CONNECTIONS`] connections at once (further accepts
+//! wait for a slot), headers within [`MAX_HEADER_BYTES`] and read within
+//! [`HEADER_TIMEOUT`], and request bodies are never read: a request that
+//! announces one over [`MAX_BODY_BYTES`] gets 413.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::clock::Clock;
+use crate::metrics::Metrics;
+use crate::names::Name;
+use crate::state::{self, Worlds};
+
+/// Most HTTP connections served at once.
+pub const MAX_CONNECTIONS: usize = 256;
+/// Largest request head accepted.
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+/// Largest request body announced; no route reads one.
+pub const MAX_BODY_BYTES: u64 = 4 * 1024;
+/// Time a client has to send its request head.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What `/readyz` answers: subscribed (a latch), connected now, not draining.
+#[derive(Default)]
+pub struct Readiness {
+    subscribed: AtomicBool,
+    draining: AtomicBool,
+    client: OnceLock<async_nats::Client>,
+}
+
+impl Readiness {
+    /// Called once both subscriptions exist.
+    pub fn subscribed(&self, client: async_nats::Client) {
+        let _ = self.client.set(client);
+        self.subscribed.store(true, Ordering::SeqCst);
+    }
+
+    /// Called when shutdown starts: load balancers should stop sending.
+    pub fn draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.subscribed.load(Ordering::SeqCst)
+            && !self.draining.load(Ordering::SeqCst)
+            && self
+                .client
+                .get()
+                .is_some_and(|c| c.connection_state() == async_nats::connection::State::Connected)
+    }
+}
+
+/// Everything a request handler may read.
+pub struct Admin {
+    pub metrics: Metrics,
+    pub worlds: Worlds,
+    pub readiness: Arc<Readiness>,
+    pub clock: Arc<dyn Clock>,
+    /// Empty: the admin API is disabled (403).
+    pub admin_token: String,
+}
+
+/// Serves HTTP on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let (stream, peer) = match listener.accept().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                tracing::warn!(error = %e, "http accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let admin = admin.clone();
+                async move { Ok::<_, Infallible>(handle(&admin, req)) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .max_buf_size(MAX_HEADER_BYTES)
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "http connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+}
+
+type Reply = Response<Full<Bytes>>;
+
+fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Reply {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+fn text(status: StatusCode, body: &'static str) -> Reply {
+    reply(status, "text/plain; charset=utf-8", body)
+}
+
+fn json_error(status: StatusCode, message: String) -> Reply {
+    let body = serde_json::json!({ "error": message }).to_string();
+    reply(status, "application/json", body)
+}
+
+/// Routes one request. Synchronous: no route waits on anything.
+pub fn handle(admin: &Admin, req: Request<Incoming>) -> Reply {
+    let announced = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > MAX_BODY_BYTES) {
+        return text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n");
+    }
+    let segments: Vec<&str> = req
+        .uri()
+        .path()
+        .trim_start_matches('/')
+        .split('/')
+        .collect();
+    match (req.method(), segments.as_slice()) {
+        (&Method::GET, ["metrics"]) => {
+            admin.metrics.worlds.set(admin.worlds.len() as i64);
+            admin
+                .metrics
+                .ready
+                .set(i64::from(admin.readiness.is_ready()));
+            reply(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                admin.metrics.encode(),
+            )
+        }
+        (&Method::GET, ["healthz"]) => text(StatusCode::OK, "ok\n"),
+        (&Method::GET, ["readyz"]) => {
+            let ready = admin.readiness.is_ready();
+            admin.metrics.ready.set(i64::from(ready));
+            if ready {
+                text(StatusCode::OK, "ready\n")
+            } else {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not ready: not connected to NATS, not subscribed, or draining\n",
+                )
+            }
+        }
+        (&Method::GET, ["v1", "worlds", world]) => world_view(admin, world),
+        (&Method::POST, ["v1", "worlds", world, "reset"]) => reset(admin, &req, world),
+        (
+            _,
+            ["metrics" | "healthz" | "readyz"] | ["v1", "worlds", _] | ["v1", "worlds", _, "reset"],
+        ) => text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
+        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+    }
+}
+
+fn parse_world(raw: &str) -> Result<Name, Reply> {
+    Name::parse(raw).map_err(|e| json_error(StatusCode::BAD_REQUEST, format!("world name {e}")))
+}
+
+fn world_view(admin: &Admin, raw: &str) -> Reply {
+    let world = match parse_world(raw) {
+        Ok(w) => w,
+        Err(r) => return r,
+    };
+    let Some(handle) = admin.worlds.get(&world) else {
+        return json_error(
+            StatusCode::NOT_FOUND,
+            format!("no state held for world {world}"),
+        );
+    };
+    let view = state::lock(&handle).view(&world, admin.clock.now());
+    match serde_json::to_vec(&view) {
+        Ok(body) => reply(StatusCode::OK, "application/json", body),
+        Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+fn reset(admin: &Admin, req: &Request<Incoming>, raw: &str) -> Reply {
+    if admin.admin_token.is_empty() {
+        return json_error(
+            StatusCode::FORBIDDEN,
+            "the admin API is disabled: set http.admin_token".into(),
+        );
+    }
+    let presented = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    if !presented.is_some_and(|t| constant_time_eq(t, admin.admin_token.as_bytes())) {
+        let mut r = json_error(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong bearer token".into(),
+        );
+        r.headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return r;
+    }
+    let world = match parse_world(raw) {
+        Ok(w) => w,
+        Err(r) => return r,
+    };
+    if let Some(handle) = admin.worlds.get(&world) {
+        state::lock(&handle).reset();
+    }
+    tracing::info!(world = %world, "world reset through the admin API");
+    let mut r = Response::new(Full::new(Bytes::new()));
+    *r.status_mut() = StatusCode::NO_CONTENT;
+    r
+}
+
+/// Compares without an early exit, so the time taken does not tell how much
+/// of a guessed token was right (only its length).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn token_comparison_is_exact() {
+        assert!(constant_time_eq(b"s3cret", b"s3cret"));
+        assert!(!constant_time_eq(b"s3cret", b"s3creT"));
+        assert!(!constant_time_eq(b"s3cret", b"s3cre"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+}

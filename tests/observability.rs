@@ -1,0 +1,343 @@
+//! Contract §7 and §8 end to end: the HTTP routes, exact metric deltas for a
+//! scenario, readiness across a NATS outage, the admin API, and the
+//! exposition checked by the real `promtool`.
+
+mod support;
+
+use serde_json::json;
+use support::{http, msg, Harness, NatsServer, Scrape};
+
+const TOKEN: &str = "s3cret-token";
+
+#[tokio::test]
+async fn a_scenario_moves_every_counter_by_exactly_what_happened() {
+    let mut h = Harness::start(
+        "[rules.turns]\nmax = 2\n[rules.depth]\nmax = 0\n[worlds.w]\nagents = [\"alice\", \"bob\"]\n",
+    )
+    .await;
+    let addr = h.loopguard.http_addr().await;
+    let before = Scrape::take(&addr).await;
+
+    h.send_json("w", "human", "hank", msg("hello all")).await; // public + 2 inboxes
+    h.send_json("w", "agent", "alice", msg("@bob over to you"))
+        .await; // 1 inbox
+    h.send_json("w", "agent", "bob", msg("@alice thanks")).await; // 1 inbox, turn 2
+    h.send_json("w", "agent", "alice", msg("more")).await; // turns: rejected + notice
+    h.send_json("w", "agent", "bob", msg("again")).await; // turns: rejected, no notice
+    h.send_json("w", "agent", "bob", msg("<world>pass</world>"))
+        .await; // edited, public
+    h.send_json("w", "agent", "alice", msg("hello all")).await; // duplicate of hank's
+    h.send("w", "agent", "alice", vec![0xff]).await; // invalid
+    h.send("w", "system", "ops", "maintenance").await; // public
+    h.settle("w").await; // two barriers: two more `invalid`
+    let after = Scrape::take(&addr).await;
+
+    let delta =
+        |name: &str, labels: &[(&str, &str)]| after.get(name, labels) - before.get(name, labels);
+    let m = "loopguard_messages_total";
+    assert_eq!(
+        delta(m, &[("decision", "approved"), ("kind", "human")]),
+        1.0
+    );
+    assert_eq!(
+        delta(m, &[("decision", "approved"), ("kind", "agent")]),
+        2.0
+    );
+    assert_eq!(
+        delta(m, &[("decision", "rejected"), ("kind", "agent")]),
+        4.0
+    );
+    assert_eq!(delta(m, &[("decision", "edited"), ("kind", "agent")]), 1.0);
+    assert_eq!(
+        delta(m, &[("decision", "approved"), ("kind", "system")]),
+        1.0
+    );
+    let s = "loopguard_suppressed_total";
+    assert_eq!(delta(s, &[("rule", "turns")]), 2.0);
+    assert_eq!(delta(s, &[("rule", "duplicate")]), 1.0);
+    assert_eq!(
+        delta(s, &[("rule", "invalid")]),
+        3.0,
+        "one bad payload, two barriers"
+    );
+    let hb = "loopguard_handoffs_total";
+    assert_eq!(delta(hb, &[("reason", "turn_limit")]), 1.0);
+    assert_eq!(delta(hb, &[("reason", "pass")]), 1.0);
+    let d = "loopguard_deliveries_total";
+    // public: hank, notice, pass, ops; private: 2 (broadcast) + 1 + 1
+    assert_eq!(delta(d, &[("visibility", "public")]), 4.0);
+    assert_eq!(delta(d, &[("visibility", "private")]), 4.0);
+    // every decided message is timed (9 + 2 barriers)
+    assert_eq!(
+        delta("loopguard_decision_duration_seconds_count", &[]),
+        11.0
+    );
+    assert!(after.get("loopguard_worlds", &[]) >= 1.0);
+    assert_eq!(after.get("loopguard_nats_connected", &[]), 1.0);
+    assert_eq!(after.get("loopguard_ready", &[]), 1.0);
+    assert!(
+        after.get("process_resident_memory_bytes", &[]) > 0.0,
+        "process collector"
+    );
+}
+
+#[tokio::test]
+async fn observe_mode_counts_would_suppress_not_suppressed() {
+    let mut h = Harness::start("mode = \"observe\"\n[rules.turns]\nmax = 1\n").await;
+    let addr = h.loopguard.http_addr().await;
+    let before = Scrape::take(&addr).await;
+    h.send_json("w", "agent", "alice", msg("one")).await;
+    h.send_json("w", "agent", "bob", msg("two")).await;
+    h.settle("w").await;
+    let after = Scrape::take(&addr).await;
+    let delta =
+        |name: &str, labels: &[(&str, &str)]| after.get(name, labels) - before.get(name, labels);
+    assert_eq!(
+        delta("loopguard_would_suppress_total", &[("rule", "turns")]),
+        1.0
+    );
+    assert_eq!(
+        delta("loopguard_suppressed_total", &[("rule", "turns")]),
+        0.0
+    );
+    assert_eq!(
+        delta(
+            "loopguard_messages_total",
+            &[("decision", "approved"), ("kind", "agent")]
+        ),
+        2.0
+    );
+    assert_eq!(
+        delta("loopguard_handoffs_total", &[("reason", "turn_limit")]),
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn no_metric_label_carries_a_world_agent_or_message_value() {
+    let mut h = Harness::start("").await;
+    let addr = h.loopguard.http_addr().await;
+    h.send_json(
+        "secretworld",
+        "agent",
+        "secretagent",
+        json!({"content": "secretcontent", "id": "secretid"}),
+    )
+    .await;
+    h.settle("secretworld").await;
+    let (_, body) = http(&addr, "GET", "/metrics", &[]).await;
+    for needle in ["secretworld", "secretagent", "secretcontent", "secretid"] {
+        assert!(!body.contains(needle), "{needle} leaked into /metrics");
+    }
+}
+
+#[tokio::test]
+async fn promtool_accepts_a_real_scrape() {
+    let mut h = Harness::start("").await;
+    let addr = h.loopguard.http_addr().await;
+    h.send_json("w", "human", "hank", msg("hi")).await;
+    h.settle("w").await;
+    let (_, body) = http(&addr, "GET", "/metrics", &[]).await;
+    let promtool = std::env::var("PROMTOOL").unwrap_or_else(|_| "promtool".into());
+    let mut child = std::process::Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{promtool} not runnable ({e}): `make test` installs it"));
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn health_readiness_and_unknown_routes() {
+    let h = Harness::start("").await;
+    let addr = h.loopguard.http_addr().await;
+    assert_eq!(http(&addr, "GET", "/healthz", &[]).await.0, 200);
+    assert_eq!(http(&addr, "GET", "/readyz", &[]).await.0, 200);
+    assert_eq!(http(&addr, "GET", "/nope", &[]).await.0, 404);
+    assert_eq!(http(&addr, "GET", "/v1/worlds", &[]).await.0, 404);
+    assert_eq!(http(&addr, "DELETE", "/metrics", &[]).await.0, 405);
+    assert_eq!(http(&addr, "GET", "/v1/worlds/w/reset", &[]).await.0, 405);
+    assert_eq!(
+        http(&addr, "POST", "/healthz", &[("Content-Length", "999999")])
+            .await
+            .0,
+        413
+    );
+}
+
+#[tokio::test]
+async fn readyz_is_503_while_nats_is_down_and_200_after_it_returns_on_the_same_port() {
+    let mut h = Harness::start("").await;
+    let addr = h.loopguard.http_addr().await;
+    assert_eq!(http(&addr, "GET", "/readyz", &[]).await.0, 200);
+    let before = Scrape::take(&addr).await;
+
+    let port = h.nats.port;
+    h.nats.stop();
+    support::within("readyz 503 while NATS is down", async {
+        while http(&addr, "GET", "/readyz", &[]).await.0 != 503 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        Scrape::take(&addr)
+            .await
+            .get("loopguard_nats_connected", &[]),
+        0.0
+    );
+    assert_eq!(
+        http(&addr, "GET", "/healthz", &[]).await.0,
+        200,
+        "still alive"
+    );
+
+    let _nats = NatsServer::start_on(port);
+    support::within("readyz 200 after NATS returns", async {
+        while http(&addr, "GET", "/readyz", &[]).await.0 != 200 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let after = Scrape::take(&addr).await;
+    assert_eq!(after.get("loopguard_nats_connected", &[]), 1.0);
+    assert_eq!(
+        after.get("loopguard_nats_reconnects_total", &[])
+            - before.get("loopguard_nats_reconnects_total", &[]),
+        1.0
+    );
+    assert!(h.loopguard.is_running());
+}
+
+#[tokio::test]
+async fn readyz_is_503_before_nats_is_reachable() {
+    let port = support::free_port();
+    let lg = support::Loopguard::spawn(&format!("nats://127.0.0.1:{port}"), "");
+    let addr = lg.http_addr().await;
+    assert_eq!(http(&addr, "GET", "/healthz", &[]).await.0, 200);
+    assert_eq!(http(&addr, "GET", "/readyz", &[]).await.0, 503);
+}
+
+#[tokio::test]
+async fn admin_api_is_forbidden_without_a_configured_token() {
+    let h = Harness::start("").await;
+    let addr = h.loopguard.http_addr().await;
+    let auth = format!("Bearer {TOKEN}");
+    assert_eq!(
+        http(
+            &addr,
+            "POST",
+            "/v1/worlds/w/reset",
+            &[("Authorization", &auth)]
+        )
+        .await
+        .0,
+        403
+    );
+}
+
+#[tokio::test]
+async fn world_view_and_reset_with_their_status_codes() {
+    let mut h = Harness::start(&format!(
+        "[http]\nadmin_token = \"{TOKEN}\"\n[rules.turns]\nmax = 1\n[worlds.w]\nagents = [\"alice\"]\n"
+    ))
+    .await;
+    let addr = h.loopguard.http_addr().await;
+    h.join("w", "bob").await;
+    h.send_json("w", "agent", "alice", msg("one")).await;
+    h.send_json("w", "agent", "bob", msg("two")).await;
+    h.settle("w").await;
+
+    let (status, body) = http(&addr, "GET", "/v1/worlds/w", &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(view["turns"], 1);
+    assert_eq!(view["paused"], true);
+    assert_eq!(view["roster"], json!(["alice", "bob"]));
+    assert_eq!(view["agents"]["alice"]["approved_in_rate_window"], 1);
+    assert_eq!(view["agents"]["alice"]["pinned"], true);
+    assert_eq!(
+        view["agents"]["bob"]["last_approved_seconds_ago"],
+        json!(null)
+    );
+
+    assert_eq!(http(&addr, "GET", "/v1/worlds/unknown", &[]).await.0, 404);
+    assert_eq!(http(&addr, "GET", "/v1/worlds/b%C3%B8d", &[]).await.0, 400);
+
+    let path = "/v1/worlds/w/reset";
+    assert_eq!(http(&addr, "POST", path, &[]).await.0, 401, "missing token");
+    assert_eq!(
+        http(&addr, "POST", path, &[("Authorization", "Bearer wrong")])
+            .await
+            .0,
+        401
+    );
+    assert_eq!(
+        http(&addr, "POST", path, &[("Authorization", TOKEN)])
+            .await
+            .0,
+        401,
+        "not a bearer"
+    );
+    let auth = format!("Bearer {TOKEN}");
+    assert_eq!(
+        http(&addr, "POST", path, &[("Authorization", &auth)])
+            .await
+            .0,
+        204
+    );
+
+    let (_, body) = http(&addr, "GET", "/v1/worlds/w", &[]).await;
+    let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (view["turns"].clone(), view["paused"].clone()),
+        (json!(0), json!(false))
+    );
+    assert_eq!(view["roster"], json!(["alice", "bob"]), "the roster stays");
+    assert_eq!(
+        view["agents"]["alice"]["approved_in_rate_window"], 0,
+        "rate window cleared"
+    );
+
+    // the world is open again, and "one" is no longer a duplicate
+    h.send_json("w", "agent", "alice", msg("one")).await;
+    let out = h.settle("w").await;
+    assert_eq!(out.event("w").body["decision"], "approved");
+    assert!(
+        !h.loopguard.logs().contains(TOKEN),
+        "the admin token is never logged"
+    );
+}
+
+#[tokio::test]
+async fn json_logs_are_one_object_per_line() {
+    let mut h = Harness::start("[log]\nformat = \"json\"\nlevel = \"debug\"\n").await;
+    h.send("w", "agent", "alice", vec![0xff]).await;
+    h.settle("w").await;
+    let logs = h.loopguard.logs();
+    let rejection = logs
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{e}: {l}"))
+        })
+        .find(|v| v["fields"]["message"] == "message rejected" && v["fields"]["world"] == "w")
+        .expect("a rejection line");
+    assert_eq!(rejection["level"], "DEBUG");
+    assert_eq!(rejection["fields"]["rule"], "invalid");
+    assert_eq!(rejection["fields"]["sender"], "alice");
+}
