@@ -5,7 +5,7 @@ CARGO ?= cargo
 NATS_SERVER ?= $(shell command -v nats-server 2>/dev/null || ls /usr/sbin/nats-server 2>/dev/null)
 DEMO_LOG ?= target/demo-loopguard.log
 
-.PHONY: all build test demo deps lint fmt clean
+.PHONY: all build test test-alerts demo deps lint fmt clean
 
 all: build
 
@@ -13,16 +13,27 @@ build:
 	$(CARGO) build --bin loopguard
 
 # nats-server: Debian's package (2.9.x), enough for core NATS. See README.
+# promtool: from Debian's prometheus package, without its recommends.
 deps:
-	@if [ -z "$(NATS_SERVER)" ]; then \
-		echo "installing nats-server (Debian package)"; \
+	@missing=; \
+	[ -n "$(NATS_SERVER)" ] || missing="$$missing nats-server"; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing (Debian packages)"; \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq nats-server >/dev/null; \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 	@command -v nats-server >/dev/null || test -x /usr/sbin/nats-server || { echo "nats-server is still missing" >&2; exit 1; }
+	@command -v promtool >/dev/null || { echo "promtool is still missing" >&2; exit 1; }
 
-test: deps
+test: deps test-alerts
 	$(CARGO) test --all-targets
+
+# The alert rules: syntax, then promtool's unit tests (firing and not firing).
+test-alerts:
+	promtool check rules config/prometheus/alerts.yml
+	cd config/prometheus && promtool test rules alerts_test.yml
 
 lint:
 	$(CARGO) fmt --check

@@ -179,14 +179,14 @@ pub fn handle(admin: &Admin, req: Request<Incoming>) -> Reply {
     }
 }
 
-fn parse_world(raw: &str) -> Result<Name, Reply> {
-    Name::parse(raw).map_err(|e| json_error(StatusCode::BAD_REQUEST, format!("world name {e}")))
+fn bad_world(e: crate::names::NameError) -> Reply {
+    json_error(StatusCode::BAD_REQUEST, format!("world name {e}"))
 }
 
 fn world_view(admin: &Admin, raw: &str) -> Reply {
-    let world = match parse_world(raw) {
+    let world = match Name::parse(raw) {
         Ok(w) => w,
-        Err(r) => return r,
+        Err(e) => return bad_world(e),
     };
     let Some(handle) = admin.worlds.get(&world) else {
         return json_error(
@@ -221,9 +221,9 @@ fn reset(admin: &Admin, req: &Request<Incoming>, raw: &str) -> Reply {
             .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return r;
     }
-    let world = match parse_world(raw) {
+    let world = match Name::parse(raw) {
         Ok(w) => w,
-        Err(r) => return r,
+        Err(e) => return bad_world(e),
     };
     if let Some(handle) = admin.worlds.get(&world) {
         state::lock(&handle).reset();

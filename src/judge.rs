@@ -462,3 +462,223 @@ pub(crate) fn to_bytes<T: Serialize>(value: &T) -> Bytes {
         .map(Bytes::from)
         .unwrap_or_else(|_| Bytes::from_static(b"{}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use std::sync::Mutex;
+    use std::time::{Duration, SystemTime};
+
+    /// A clock the test moves by hand.
+    struct ManualClock(Mutex<Instant>);
+
+    impl Clock for ManualClock {
+        fn now(&self) -> Instant {
+            *self.0.lock().unwrap()
+        }
+        fn wall(&self) -> SystemTime {
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+        }
+    }
+
+    struct Rig {
+        judge: Judge,
+        clock: Arc<ManualClock>,
+    }
+
+    impl Rig {
+        fn new(edit: impl FnOnce(&mut Config)) -> Rig {
+            let mut config = Config::default();
+            edit(&mut config);
+            let clock = Arc::new(ManualClock(Mutex::new(Instant::now())));
+            let judge = Judge::new(
+                Arc::new(config.validate().unwrap()),
+                clock.clone(),
+                Metrics::new(),
+            );
+            Rig { judge, clock }
+        }
+
+        fn advance(&self, secs: u64) {
+            *self.clock.0.lock().unwrap() += Duration::from_secs(secs);
+        }
+
+        fn send(&self, kind: &str, sender: &str, payload: &str) -> Decision {
+            let origin = self
+                .judge
+                .subjects()
+                .parse(&format!("chat.raw.w.{kind}.{sender}"));
+            self.judge
+                .decide(origin, payload.as_bytes(), None)
+                .expect("not a join")
+        }
+    }
+
+    fn json(out: &Outbound) -> Value {
+        serde_json::from_slice(&out.payload).unwrap()
+    }
+
+    fn event(d: &Decision) -> Value {
+        let last = d.outbound.last().expect("an event");
+        assert!(last.subject.starts_with("chat.events."), "{}", last.subject);
+        json(last)
+    }
+
+    #[test]
+    fn an_invalid_subject_event_has_zero_depth_and_turn_and_no_kind() {
+        let rig = Rig::new(|_| {});
+        let d = rig
+            .judge
+            .decide(
+                rig.judge.subjects().parse("chat.raw.w.robot.r2"),
+                b"hi",
+                None,
+            )
+            .unwrap();
+        let e = event(&d);
+        assert_eq!(
+            (e["depth"].clone(), e["turn"].clone()),
+            (Value::from(0), Value::from(0))
+        );
+        assert_eq!(e["sender_kind"], Value::Null);
+        assert_eq!(e["sender"], "r2");
+        assert_eq!(d.outbound.len(), 1, "nothing but the event");
+    }
+
+    #[test]
+    fn the_turn_limit_notice_precedes_the_event_and_carries_its_fields() {
+        let rig = Rig::new(|c| c.rules.turns.max = 1);
+        rig.send("agent", "alice", r#"{"content":"one","thread_id":"t9"}"#);
+        let d = rig.send("agent", "bob", r#"{"content":"two","id":"b2"}"#);
+        assert_eq!(d.outbound.len(), 2);
+        assert_eq!(d.outbound[0].subject, "chat.public.w");
+        let notice = json(&d.outbound[0]);
+        assert_eq!(notice["sender"], "loopguard");
+        assert_eq!(notice["sender_kind"], "system");
+        assert_eq!(notice["reason"], "turn_limit");
+        assert_eq!(notice["depth"], 0);
+        assert_eq!(notice["mentions"], serde_json::json!([]));
+        assert_eq!(
+            notice["thread_id"], "t9",
+            "the thread of the rejected message"
+        );
+        assert_eq!(notice["visibility"], "public");
+        assert_eq!(
+            Some(notice["id"].as_str().unwrap()),
+            d.outbound[0].msg_id.as_deref()
+        );
+        assert_eq!(event(&d)["rule"], "turns");
+        // the same rejected message again yields the same notice id
+        let again = Rig::new(|c| c.rules.turns.max = 1);
+        again.send("agent", "alice", r#"{"content":"one","thread_id":"t9"}"#);
+        let d2 = again.send("agent", "bob", r#"{"content":"two","id":"b2"}"#);
+        assert_eq!(d2.outbound[0].msg_id, d.outbound[0].msg_id);
+    }
+
+    #[test]
+    fn text_is_the_content_when_content_is_not_a_string_and_is_kept() {
+        let rig = Rig::new(|_| {});
+        let d = rig.send(
+            "human",
+            "hank",
+            r#"{"content":7,"text":"from text","reason":"mine"}"#,
+        );
+        let copy = json(&d.outbound[0]);
+        assert_eq!(copy["content"], "from text");
+        assert_eq!(copy["text"], "from text");
+        assert_eq!(copy["reason"], "mine", "an ingress reason is kept");
+    }
+
+    #[test]
+    fn a_human_keeps_its_own_parent_id_at_depth_zero() {
+        let rig = Rig::new(|_| {});
+        let d = rig.send(
+            "human",
+            "hank",
+            r#"{"content":"x","parent_id":"elsewhere"}"#,
+        );
+        let copy = json(&d.outbound[0]);
+        assert_eq!(
+            (copy["parent_id"].clone(), copy["depth"].clone()),
+            ("elsewhere".into(), 0.into())
+        );
+        assert_eq!(event(&d)["turn"], 0);
+    }
+
+    #[test]
+    fn a_pass_counts_toward_cooldown() {
+        let rig = Rig::new(|c| c.rules.cooldown.seconds = 60);
+        assert_eq!(
+            rig.send("agent", "bob", "<world>pass</world>").outcome,
+            Outcome::Edited
+        );
+        assert_eq!(
+            rig.send("agent", "bob", "later").rule,
+            Some(RuleName::Cooldown)
+        );
+        rig.advance(60);
+        assert_eq!(rig.send("agent", "bob", "later").outcome, Outcome::Approved);
+    }
+
+    #[test]
+    fn windows_expire_as_the_injected_clock_moves() {
+        let rig = Rig::new(|c| {
+            c.rules.rate.max = 2;
+            c.rules.rate.window_seconds = 60;
+            c.rules.duplicate.window_seconds = 300;
+            c.rules.depth.max = 0;
+        });
+        rig.send("agent", "alice", "a");
+        rig.send("agent", "alice", "b");
+        assert_eq!(rig.send("agent", "alice", "c").rule, Some(RuleName::Rate));
+        rig.advance(60);
+        assert_eq!(rig.send("agent", "alice", "c").outcome, Outcome::Approved);
+        assert_eq!(
+            rig.send("agent", "bob", "A").rule,
+            Some(RuleName::Duplicate)
+        );
+        rig.advance(300);
+        assert_eq!(rig.send("agent", "bob", "A").outcome, Outcome::Approved);
+    }
+
+    #[test]
+    fn observe_mode_still_rejects_too_large_and_still_performs_pass() {
+        let rig = Rig::new(|c| {
+            c.mode = Mode::Observe;
+            c.limits.max_payload_bytes = 32;
+            c.rules.turns.max = 1;
+        });
+        assert_eq!(
+            rig.send("agent", "a", &"x".repeat(33)).rule,
+            Some(RuleName::TooLarge)
+        );
+        rig.send("agent", "a", "one");
+        let d = rig.send("agent", "b", "<world>pass</world>");
+        assert_eq!((d.outcome, d.would_reject), (Outcome::Edited, None));
+        assert_eq!(
+            json(&d.outbound[0])["content"],
+            "@human b is passing control to you"
+        );
+    }
+
+    #[test]
+    fn with_approved_events_off_a_plain_approval_publishes_no_event() {
+        let rig = Rig::new(|c| c.events.approved = false);
+        let d = rig.send("system", "ops", "notice");
+        assert!(d
+            .outbound
+            .iter()
+            .all(|o| !o.subject.starts_with("chat.events.")));
+        assert_eq!(d.outbound.len(), 1);
+    }
+
+    #[test]
+    fn a_join_changes_the_roster_and_decides_nothing() {
+        let rig = Rig::new(|_| {});
+        let origin = rig.judge.subjects().parse("chat.join.w.zed");
+        assert!(rig.judge.decide(origin, b"", None).is_none());
+        let d = rig.send("agent", "alice", "@zed hi");
+        assert_eq!(d.delivered_to, ["private.zed"]);
+    }
+}

@@ -217,3 +217,21 @@ async fn sigterm_drains_everything_taken_in_and_exits_0() {
     .await;
     assert_eq!((e, p), (N, N), "drained {drained}; {logs}");
 }
+
+#[tokio::test]
+async fn the_grace_period_bounds_a_drain_that_cannot_finish() {
+    let mut h = Harness::start("[shutdown]\ngrace_seconds = 1\n").await;
+    // Without a server the subscriptions can never be drained.
+    h.nats.stop();
+    let started = std::time::Instant::now();
+    let status = h.loopguard.terminate().await;
+    let took = started.elapsed();
+    let logs = h.loopguard.logs();
+    assert_eq!(status.code(), Some(0), "{logs}");
+    assert!(logs.contains("shutdown: grace period over"), "{logs}");
+    assert!(!logs.contains("shutdown: complete"), "{logs}");
+    assert!(
+        took >= std::time::Duration::from_secs(1),
+        "waited out the grace period: {took:?}"
+    );
+}
