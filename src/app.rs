@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::admin::{self, Admin, Readiness};
 use crate::clock::{Clock, SystemClock};
-use crate::config::Settings;
+use crate::config::{NatsAuth, Settings};
 use crate::ingest::{self, Dispatcher};
 use crate::judge::Judge;
 use crate::metrics::Metrics;
@@ -20,6 +20,11 @@ pub enum AppError {
     #[error("cannot listen on http.listen {addr}: {source}")]
     Bind {
         addr: String,
+        source: std::io::Error,
+    },
+    #[error("cannot read NATS credentials file {path}: {source}")]
+    Credentials {
+        path: String,
         source: std::io::Error,
     },
     #[error("cannot set up the NATS connection: {0}")]
@@ -160,9 +165,38 @@ async fn connect(settings: &Settings, metrics: &Metrics) -> Result<async_nats::C
                 }
             }
         });
-    tracing::info!(url = %config.nats.url, "connecting to NATS");
-    // Validated at start-up, so this cannot fail here; an empty list would
-    // make the client report the error.
+    // Validated at start-up, so these cannot fail here.
     let servers = config.nats.servers().unwrap_or_default();
+    let auth = config.nats.auth().unwrap_or(NatsAuth::None);
+    let options = match auth {
+        NatsAuth::None => match servers.first().and_then(|s| s.username().zip(s.password())) {
+            // async-nats ignores credentials in the URL; honour them here.
+            Some((user, password)) => {
+                options.user_and_password(user.to_string(), password.to_string())
+            }
+            None => options,
+        },
+        NatsAuth::UserPassword { user, password } => options.user_and_password(user, password),
+        NatsAuth::Token(token) => options.token(token),
+        NatsAuth::NkeySeed(seed) => options.nkey(seed),
+        NatsAuth::CredentialsFile(path) => options
+            .credentials_file(&path)
+            .await
+            .map_err(|source| AppError::Credentials { path, source })?,
+    };
+    let tls = &config.nats.tls;
+    let mut options = options.require_tls(tls.required);
+    if !tls.ca_file.is_empty() {
+        options = options.add_root_certificates(tls.ca_file.clone().into());
+    }
+    if !tls.cert_file.is_empty() {
+        options = options
+            .add_client_certificate(tls.cert_file.clone().into(), tls.key_file.clone().into());
+    }
+    let hosts: Vec<String> = servers
+        .iter()
+        .map(|a| format!("{}:{}", a.host(), a.port()))
+        .collect();
+    tracing::info!(servers = ?hosts, tls = tls.required, "connecting to NATS");
     Ok(options.connect(servers).await?)
 }

@@ -65,7 +65,7 @@ pub struct Config {
     pub worlds: BTreeMap<String, WorldOverride>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NatsConfig {
     /// Server URL(s), comma separated.
@@ -75,9 +75,155 @@ pub struct NatsConfig {
     /// Messages buffered per subscription before the client drops them as a
     /// slow consumer. Large enough to absorb bursts while workers catch up.
     pub subscription_capacity: usize,
+    /// User and password (both or neither). A `user:password@` in `url` is
+    /// used when these are empty.
+    pub user: String,
+    pub password: String,
+    /// Token authentication.
+    pub token: String,
+    /// A `.creds` file (JWT and nkey seed), as issued by `nsc`.
+    pub credentials_file: String,
+    /// An nkey seed (`SU…`) for nkey authentication.
+    pub nkey_seed: String,
+    pub tls: TlsConfig,
+}
+
+/// TLS towards NATS. Certificates are PEM files.
+#[derive(Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// Require TLS even when the URL says `nats://`.
+    pub required: bool,
+    /// CA bundle to verify the server with (else the system roots).
+    pub ca_file: String,
+    /// Client certificate and key for mutual TLS (both or neither).
+    pub cert_file: String,
+    pub key_file: String,
+}
+
+impl std::fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsConfig")
+            .field("required", &self.required)
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
+            .finish()
+    }
+}
+
+/// How loopguard authenticates to NATS; secrets stay out of `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub enum NatsAuth {
+    None,
+    UserPassword { user: String, password: String },
+    Token(String),
+    CredentialsFile(String),
+    NkeySeed(String),
+}
+
+impl std::fmt::Debug for NatsAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NatsAuth::None => "None",
+            NatsAuth::UserPassword { .. } => "UserPassword(<redacted>)",
+            NatsAuth::Token(_) => "Token(<redacted>)",
+            NatsAuth::CredentialsFile(_) => "CredentialsFile",
+            NatsAuth::NkeySeed(_) => "NkeySeed(<redacted>)",
+        })
+    }
+}
+
+impl std::fmt::Debug for NatsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may carry a password: only its scheme and host are shown.
+        let hosts: Vec<String> = self
+            .servers()
+            .map(|s| {
+                s.iter()
+                    .map(|a| format!("{}:{}", a.host(), a.port()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        f.debug_struct("NatsConfig")
+            .field("servers", &hosts)
+            .field("prefix", &self.prefix)
+            .field("subscription_capacity", &self.subscription_capacity)
+            .field("auth", &self.auth().unwrap_or(NatsAuth::None))
+            .field("tls", &self.tls)
+            .finish()
+    }
 }
 
 impl NatsConfig {
+    /// The one authentication method configured, checked for consistency.
+    pub fn auth(&self) -> Result<NatsAuth, ConfigError> {
+        let set = |s: &str| !s.is_empty();
+        let mut methods = Vec::new();
+        if set(&self.user) || set(&self.password) {
+            if !(set(&self.user) && set(&self.password)) {
+                return Err(invalid(
+                    "nats.user",
+                    "nats.user and nats.password go together",
+                ));
+            }
+            methods.push(NatsAuth::UserPassword {
+                user: self.user.clone(),
+                password: self.password.clone(),
+            });
+        }
+        if set(&self.token) {
+            methods.push(NatsAuth::Token(self.token.clone()));
+        }
+        if set(&self.credentials_file) {
+            if !Path::new(&self.credentials_file).is_file() {
+                return Err(invalid(
+                    "nats.credentials_file",
+                    format!("{:?} is not a readable file", self.credentials_file),
+                ));
+            }
+            methods.push(NatsAuth::CredentialsFile(self.credentials_file.clone()));
+        }
+        if set(&self.nkey_seed) {
+            if !self.nkey_seed.starts_with("SU") {
+                return Err(invalid(
+                    "nats.nkey_seed",
+                    "is not a user nkey seed (it starts with SU)",
+                ));
+            }
+            methods.push(NatsAuth::NkeySeed(self.nkey_seed.clone()));
+        }
+        match methods.len() {
+            0 => Ok(NatsAuth::None),
+            1 => Ok(methods.remove(0)),
+            _ => Err(invalid(
+                "nats",
+                "set only one of user/password, token, credentials_file and nkey_seed",
+            )),
+        }
+    }
+
+    /// Checks the TLS files: each exists, and cert and key come together.
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let t = &self.tls;
+        for (key, path) in [
+            ("nats.tls.ca_file", &t.ca_file),
+            ("nats.tls.cert_file", &t.cert_file),
+            ("nats.tls.key_file", &t.key_file),
+        ] {
+            if !path.is_empty() && !Path::new(path).is_file() {
+                return Err(invalid(key, format!("{path:?} is not a readable file")));
+            }
+        }
+        if t.cert_file.is_empty() != t.key_file.is_empty() {
+            return Err(invalid(
+                "nats.tls.cert_file",
+                "nats.tls.cert_file and nats.tls.key_file go together",
+            ));
+        }
+        Ok(())
+    }
+
     /// The server addresses of `url`: one or more, comma separated, each
     /// `nats://`, `tls://`, `ws://` or `wss://` (or bare `host:port`).
     pub fn servers(&self) -> Result<Vec<async_nats::ServerAddr>, ConfigError> {
@@ -104,17 +250,39 @@ impl Default for NatsConfig {
             url: "nats://127.0.0.1:4222".into(),
             prefix: "chat".into(),
             subscription_capacity: 65_536,
+            user: String::new(),
+            password: String::new(),
+            token: String::new(),
+            credentials_file: String::new(),
+            nkey_seed: String::new(),
+            tls: TlsConfig::default(),
         }
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
     /// Address of the metrics, health and admin server.
     pub listen: String,
     /// Bearer token of the admin API; empty disables it (403).
     pub admin_token: String,
+}
+
+impl std::fmt::Debug for HttpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpConfig")
+            .field("listen", &self.listen)
+            .field(
+                "admin_token",
+                &if self.admin_token.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
+            .finish()
+    }
 }
 
 impl Default for HttpConfig {
@@ -360,6 +528,8 @@ impl Config {
     /// Checks every value and resolves per-world settings.
     pub fn validate(self) -> Result<Settings, ConfigError> {
         self.nats.servers()?;
+        self.nats.auth()?;
+        self.nats.validate_tls()?;
         validate_prefix(&self.nats.prefix)?;
         if self.nats.subscription_capacity == 0 {
             return Err(invalid("nats.subscription_capacity", "must be at least 1"));
@@ -646,6 +816,36 @@ mod tests {
     fn several_nats_urls_are_accepted() {
         let s = load_toml("[nats]\nurl = \"nats://a:4222, tls://b:4223\"\n", &[]).unwrap();
         assert_eq!(s.config.nats.servers().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn nats_auth_takes_one_consistent_method_and_never_shows_secrets() {
+        let s = load_toml("[nats]\nuser = \"lg\"\npassword = \"hunter2\"\n", &[]).unwrap();
+        assert!(matches!(
+            s.config.nats.auth().unwrap(),
+            NatsAuth::UserPassword { .. }
+        ));
+        let shown = format!("{:?}", s.config);
+        assert!(!shown.contains("hunter2"), "{shown}");
+        let s = load_toml("[http]\nadmin_token = \"tok-123\"\n", &[]).unwrap();
+        assert!(!format!("{:?}", s.config).contains("tok-123"));
+        let s = load_toml("[nats]\nurl = \"nats://u:pw-in-url@h:4222\"\n", &[]).unwrap();
+        assert!(!format!("{:?}", s.config).contains("pw-in-url"));
+        assert!(error_of("[nats]\nuser = \"lg\"\n", &[]).contains("nats.user"));
+        assert!(
+            error_of("[nats]\ntoken = \"t\"\nnkey_seed = \"SUABC\"\n", &[]).contains("only one")
+        );
+        assert!(error_of("[nats]\nnkey_seed = \"XX\"\n", &[]).contains("nats.nkey_seed"));
+        assert!(
+            error_of("[nats]\ncredentials_file = \"/nope.creds\"\n", &[])
+                .contains("nats.credentials_file")
+        );
+        assert!(error_of("[nats.tls]\nca_file = \"/nope.pem\"\n", &[]).contains("nats.tls.ca_file"));
+        let e = error_of("", &[("LOOPGUARD__NATS__TLS__REQUIRED", "maybe")]);
+        assert!(
+            e.contains("nats.tls.required") || e.contains("required"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -235,3 +235,66 @@ async fn the_grace_period_bounds_a_drain_that_cannot_finish() {
         "waited out the grace period: {took:?}"
     );
 }
+
+/// Waits until loopguard's `/readyz` answers 200.
+async fn until_ready(lg: &Loopguard) {
+    let addr = lg.http_addr().await;
+    within("loopguard ready", async {
+        while support::http(&addr, "GET", "/readyz", &[]).await.0 != 200 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn authenticates_to_nats_with_user_password_token_or_url_credentials_and_never_logs_them() {
+    let secret = "pw-Zq81";
+    let protected = NatsServer::start_with(&["--user", "lg", "--pass", secret]);
+    let with_keys = Loopguard::spawn_env(
+        &protected.url(),
+        "",
+        &[
+            ("LOOPGUARD__NATS__USER", "lg"),
+            ("LOOPGUARD__NATS__PASSWORD", secret),
+        ],
+    );
+    until_ready(&with_keys).await;
+    let in_url = format!("nats://lg:{secret}@127.0.0.1:{}", protected.port);
+    let with_url = Loopguard::spawn(&in_url, "");
+    until_ready(&with_url).await;
+    let wrong = Loopguard::spawn_env(
+        &protected.url(),
+        "",
+        &[
+            ("LOOPGUARD__NATS__USER", "lg"),
+            ("LOOPGUARD__NATS__PASSWORD", "nope"),
+        ],
+    );
+
+    let token = "tok-Pq55";
+    let token_server = NatsServer::start_with(&["--auth", token]);
+    let with_token = Loopguard::spawn_env(
+        &token_server.url(),
+        "",
+        &[("LOOPGUARD__NATS__TOKEN", token)],
+    );
+    until_ready(&with_token).await;
+
+    // the wrong password never becomes ready, and says why
+    let addr = wrong.http_addr().await;
+    within("the auth failure to be logged", async {
+        while !wrong.logs().contains("authorization violation") {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(support::http(&addr, "GET", "/readyz", &[]).await.0, 503);
+
+    for lg in [&with_keys, &with_url, &wrong, &with_token] {
+        let logs = lg.logs();
+        for s in [secret, token, "nope"] {
+            assert!(!logs.contains(s), "a secret reached the log:\n{logs}");
+        }
+    }
+}

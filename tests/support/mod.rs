@@ -65,10 +65,16 @@ impl NatsServer {
     /// Starts a server on a port it picks itself (`-p -1`), read back from
     /// its ports file: no window in which two tests can race for a port.
     pub fn start() -> NatsServer {
+        NatsServer::start_with(&[])
+    }
+
+    /// Like [`NatsServer::start`], with extra server flags (e.g. auth).
+    pub fn start_with(extra: &[&str]) -> NatsServer {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut child = Command::new(nats_server_bin())
             .args(["-a", "127.0.0.1", "-p", "-1", "--ports_file_dir"])
             .arg(dir.path())
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -160,6 +166,11 @@ impl Loopguard {
     /// ephemeral HTTP port come from the environment, which also exercises
     /// the `LOOPGUARD__…` overrides in every test.
     pub fn spawn(url: &str, toml: &str) -> Loopguard {
+        Loopguard::spawn_env(url, toml, &[])
+    }
+
+    /// Like [`Loopguard::spawn`], with extra environment variables.
+    pub fn spawn_env(url: &str, toml: &str, env: &[(&str, &str)]) -> Loopguard {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("loopguard.toml");
         std::fs::write(&config, toml).expect("config file");
@@ -170,6 +181,7 @@ impl Loopguard {
             .env("RUST_LOG", "loopguard=debug")
             .env("LOOPGUARD__NATS__URL", url)
             .env("LOOPGUARD__HTTP__LISTEN", "127.0.0.1:0")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()

