@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::admin::{self, Admin, Readiness};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{NatsAuth, Settings};
+use crate::ingest::jetstream::JetStreamError;
 use crate::ingest::{self, Dispatcher};
 use crate::judge::Judge;
 use crate::metrics::Metrics;
@@ -29,6 +30,8 @@ pub enum AppError {
     },
     #[error("cannot set up the NATS connection: {0}")]
     Connect(#[from] async_nats::ConnectError),
+    #[error(transparent)]
+    JetStream(#[from] JetStreamError),
     #[error("cannot subscribe to {subject}: {source}")]
     Subscribe {
         subject: String,
@@ -39,7 +42,7 @@ pub enum AppError {
 /// Runs loopguard until `stop` resolves, then shuts down gracefully.
 pub async fn run(
     settings: Settings,
-    stop: impl std::future::Future<Output = ()>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), AppError> {
     let settings = Arc::new(settings);
     let config = &settings.config;
@@ -73,44 +76,79 @@ pub async fn run(
     ));
 
     let client = connect(&settings, &metrics).await?;
-    let subjects = judge.subjects().clone();
-    let subscribe = |subject: String| {
-        let client = client.clone();
+    // One stop signal, observable by every stage: set-up retries, intake
+    // and the grace timer.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    {
+        let readiness = readiness.clone();
+        tokio::spawn(async move {
+            stop.await;
+            readiness.draining();
+            let _ = stop_tx.send(true);
+        });
+    }
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
         async move {
-            client
-                .subscribe(subject.clone())
-                .await
-                .map_err(|source| AppError::Subscribe { subject, source })
+            let _ = rx.wait_for(|stopping| *stopping).await;
         }
     };
-    let raw = subscribe(subjects.raw_wildcard()).await?;
-    let join = subscribe(subjects.join_wildcard()).await?;
+
+    let subjects = judge.subjects().clone();
+    let jetstream = &config.nats.jetstream;
+    let intake = if jetstream.enabled {
+        match open_jetstream(&client, jetstream, &subjects, stopped()).await? {
+            Some(messages) => Intake::JetStream(messages),
+            None => {
+                tracing::info!("shutdown: stopped before JetStream was ready");
+                http.abort();
+                return Ok(());
+            }
+        }
+    } else {
+        let subscribe = |subject: String| {
+            let client = client.clone();
+            async move {
+                client
+                    .subscribe(subject.clone())
+                    .await
+                    .map_err(|source| AppError::Subscribe { subject, source })
+            }
+        };
+        let raw = subscribe(subjects.raw_wildcard()).await?;
+        let join = subscribe(subjects.join_wildcard()).await?;
+        Intake::Core(raw, join)
+    };
     readiness.subscribed(client.clone());
     tracing::info!(
         raw = %subjects.raw_wildcard(), join = %subjects.join_wildcard(),
-        mode = ?config.mode, "subscribed"
+        mode = ?config.mode, jetstream = jetstream.enabled, "subscribed"
     );
 
     let workers = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
         .max(2);
     let publisher = Publisher::new(client.clone());
-    let (dispatcher, handles) = Dispatcher::spawn(workers, judge.clone(), publisher.clone());
+    let replay = jetstream
+        .enabled
+        .then(|| ingest::jetstream::Replay::new(jetstream));
+    let (dispatcher, handles) =
+        Dispatcher::spawn(workers, judge.clone(), publisher.clone(), replay);
 
-    // The grace period runs from the signal, not from start-up.
-    let grace = Duration::from_secs(config.shutdown.grace_seconds);
-    let signalled = Arc::new(tokio::sync::Notify::new());
-    let stop = {
-        let signalled = signalled.clone();
-        let readiness = readiness.clone();
-        async move {
-            stop.await;
-            readiness.draining();
-            signalled.notify_one();
+    let drain = async {
+        match intake {
+            Intake::Core(raw, join) => ingest::core::run(raw, join, &dispatcher, stopped()).await,
+            Intake::JetStream(messages) => {
+                ingest::jetstream::run(
+                    messages,
+                    &dispatcher,
+                    &jetstream.stream,
+                    &subjects,
+                    stopped(),
+                )
+                .await
+            }
         }
-    };
-    let drain = async move {
-        ingest::run(raw, join, &dispatcher, stop).await;
         drop(dispatcher);
         tracing::info!("shutdown: waiting for workers to publish what was taken in");
         for handle in handles {
@@ -121,15 +159,48 @@ pub async fn run(
             tracing::warn!(error = %e, "shutdown: flush failed");
         }
     };
+    // The grace period runs from the signal, not from start-up.
+    let grace = Duration::from_secs(config.shutdown.grace_seconds);
     tokio::select! {
         _ = drain => tracing::info!("shutdown: complete"),
         _ = async {
-            signalled.notified().await;
+            stopped().await;
             tokio::time::sleep(grace).await
         } => tracing::warn!(grace_seconds = grace.as_secs(), "shutdown: grace period over, exiting with work left"),
     }
     http.abort();
     Ok(())
+}
+
+/// Where messages come from.
+enum Intake {
+    Core(async_nats::Subscriber, async_nats::Subscriber),
+    JetStream(async_nats::jetstream::consumer::pull::Stream),
+}
+
+/// Sets up the JetStream stream and consumer, retrying while the server is
+/// unreachable or not ready; `None` if stopped first.
+async fn open_jetstream(
+    client: &async_nats::Client,
+    config: &crate::config::JetStreamConfig,
+    subjects: &crate::subject::Subjects,
+    stopped: impl std::future::Future<Output = ()>,
+) -> Result<Option<async_nats::jetstream::consumer::pull::Stream>, AppError> {
+    tokio::pin!(stopped);
+    loop {
+        tokio::select! {
+            _ = &mut stopped => return Ok(None),
+            result = ingest::jetstream::consumer(client, config, subjects) => match result {
+                Ok(messages) => return Ok(Some(messages)),
+                Err(e @ JetStreamError::Subjects { .. }) => return Err(e.into()),
+                Err(e) => tracing::warn!(error = %e, "JetStream set-up failed; retrying in 2s"),
+            },
+        }
+        tokio::select! {
+            _ = &mut stopped => return Ok(None),
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+        }
+    }
 }
 
 /// Connects with unbounded retries, from the first attempt on: a NATS

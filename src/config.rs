@@ -86,6 +86,105 @@ pub struct NatsConfig {
     /// An nkey seed (`SU…`) for nkey authentication.
     pub nkey_seed: String,
     pub tls: TlsConfig,
+    pub jetstream: JetStreamConfig,
+}
+
+/// Retention of the ingest stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Retention {
+    /// A message leaves the stream once loopguard acknowledges it.
+    #[default]
+    Workqueue,
+    /// Kept by the stream's limits (age, bytes, count), e.g. for audit.
+    Limits,
+    /// Kept while any consumer still needs it.
+    Interest,
+}
+
+/// Storage of the ingest stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Storage {
+    #[default]
+    File,
+    Memory,
+}
+
+/// No-loss ingest: capture `P.raw.>` and `P.join.>` in a JetStream stream and
+/// consume it through a durable pull consumer, acknowledging a message only
+/// once everything it produced has been published and flushed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JetStreamConfig {
+    pub enabled: bool,
+    /// Stream name; created if absent, verified (subjects) if present.
+    pub stream: String,
+    /// Durable consumer name.
+    pub consumer: String,
+    pub retention: Retention,
+    pub storage: Storage,
+    pub replicas: usize,
+    /// Stream limits; 0 means unlimited.
+    pub max_age_seconds: u64,
+    pub max_bytes: u64,
+    pub max_messages: u64,
+    /// Time the server waits for an acknowledgement before redelivering.
+    pub ack_wait_seconds: u64,
+    /// Messages delivered but not yet acknowledged, at most.
+    pub max_ack_pending: u64,
+}
+
+impl Default for JetStreamConfig {
+    fn default() -> Self {
+        JetStreamConfig {
+            enabled: false,
+            stream: "LOOPGUARD_INGEST".into(),
+            consumer: "loopguard".into(),
+            retention: Retention::Workqueue,
+            storage: Storage::File,
+            replicas: 1,
+            max_age_seconds: 86_400,
+            max_bytes: 0,
+            max_messages: 0,
+            ack_wait_seconds: 30,
+            max_ack_pending: 10_000,
+        }
+    }
+}
+
+impl JetStreamConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let token_ok = |s: &str| !s.is_empty() && s.bytes().all(crate::names::is_name_byte);
+        if !token_ok(&self.stream) {
+            return Err(invalid(
+                "nats.jetstream.stream",
+                "must be letters, digits, '_' or '-'",
+            ));
+        }
+        if !token_ok(&self.consumer) {
+            return Err(invalid(
+                "nats.jetstream.consumer",
+                "must be letters, digits, '_' or '-'",
+            ));
+        }
+        if self.replicas == 0 || self.replicas > 5 {
+            return Err(invalid("nats.jetstream.replicas", "must be 1 to 5"));
+        }
+        if self.ack_wait_seconds == 0 {
+            return Err(invalid(
+                "nats.jetstream.ack_wait_seconds",
+                "must be at least 1",
+            ));
+        }
+        if self.max_ack_pending == 0 {
+            return Err(invalid(
+                "nats.jetstream.max_ack_pending",
+                "must be at least 1",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// TLS towards NATS. Certificates are PEM files.
@@ -151,6 +250,7 @@ impl std::fmt::Debug for NatsConfig {
             .field("subscription_capacity", &self.subscription_capacity)
             .field("auth", &self.auth().unwrap_or(NatsAuth::None))
             .field("tls", &self.tls)
+            .field("jetstream", &self.jetstream)
             .finish()
     }
 }
@@ -256,6 +356,7 @@ impl Default for NatsConfig {
             credentials_file: String::new(),
             nkey_seed: String::new(),
             tls: TlsConfig::default(),
+            jetstream: JetStreamConfig::default(),
         }
     }
 }
@@ -530,6 +631,7 @@ impl Config {
         self.nats.servers()?;
         self.nats.auth()?;
         self.nats.validate_tls()?;
+        self.nats.jetstream.validate()?;
         validate_prefix(&self.nats.prefix)?;
         if self.nats.subscription_capacity == 0 {
             return Err(invalid("nats.subscription_capacity", "must be at least 1"));

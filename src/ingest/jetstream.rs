@@ -1,0 +1,212 @@
+//! JetStream ingest (`nats.jetstream.enabled`): at least once, no loss.
+//!
+//! `P.raw.>` and `P.join.>` are captured in a stream (created if absent,
+//! verified if present) and read through a durable pull consumer with
+//! explicit acknowledgements. A worker acknowledges a message only after the
+//! outputs it produced were published and flushed (see `Worker`), so a crash
+//! at any point leaves the message to be redelivered. Redelivery yields the
+//! same `Nats-Msg-Id`s — ids come from the payload, the header, or the stream
+//! sequence — so a stream that captures egress with deduplication holds each
+//! approved message exactly once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::pull, stream};
+use futures::StreamExt;
+
+use super::{Delivery, Dispatcher};
+use crate::config::{JetStreamConfig, Retention, Storage};
+use crate::judge::Outbound;
+use crate::subject::Subjects;
+
+/// Why the stream or consumer cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum JetStreamError {
+    /// Misconfiguration: retrying will not help.
+    #[error("stream {stream} exists but does not capture {missing}; add the subject or choose another nats.jetstream.stream")]
+    Subjects { stream: String, missing: String },
+    /// The server is not reachable or not ready: worth retrying.
+    #[error("JetStream is not available yet: {0}")]
+    Unavailable(String),
+}
+
+/// Decisions whose acknowledgement may not have reached the server, by
+/// stream sequence: a redelivery while the first outputs are still in flight
+/// republishes them instead of deciding again (which would see its own
+/// earlier approval, e.g. as a duplicate). Bounded in count and age.
+#[derive(Clone)]
+pub struct Replay(moka::sync::Cache<u64, Arc<[Outbound]>>);
+
+impl Replay {
+    pub fn new(config: &JetStreamConfig) -> Replay {
+        Replay(
+            moka::sync::Cache::builder()
+                .max_capacity(2 * config.max_ack_pending)
+                .time_to_live(Duration::from_secs(2 * config.ack_wait_seconds))
+                .build(),
+        )
+    }
+
+    pub fn get(&self, sequence: u64) -> Option<Arc<[Outbound]>> {
+        self.0.get(&sequence)
+    }
+
+    pub fn insert(&self, sequence: u64, outbound: Arc<[Outbound]>) {
+        self.0.insert(sequence, outbound);
+    }
+}
+
+/// Creates or verifies the stream, then creates or opens the consumer.
+pub async fn consumer(
+    client: &async_nats::Client,
+    config: &JetStreamConfig,
+    subjects: &Subjects,
+) -> Result<pull::Stream, JetStreamError> {
+    let unavailable = |e: &dyn std::fmt::Display| JetStreamError::Unavailable(e.to_string());
+    let js = jetstream::new(client.clone());
+    let wanted = [subjects.raw_wildcard(), subjects.join_wildcard()];
+    let mut stream = js
+        .get_or_create_stream(stream::Config {
+            name: config.stream.clone(),
+            subjects: wanted.to_vec(),
+            retention: match config.retention {
+                Retention::Workqueue => stream::RetentionPolicy::WorkQueue,
+                Retention::Limits => stream::RetentionPolicy::Limits,
+                Retention::Interest => stream::RetentionPolicy::Interest,
+            },
+            storage: match config.storage {
+                Storage::File => stream::StorageType::File,
+                Storage::Memory => stream::StorageType::Memory,
+            },
+            num_replicas: config.replicas,
+            max_age: Duration::from_secs(config.max_age_seconds),
+            max_bytes: limit(config.max_bytes),
+            max_messages: limit(config.max_messages),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| unavailable(&e))?;
+    let info = stream.info().await.map_err(|e| unavailable(&e))?;
+    for subject in &wanted {
+        if !info.config.subjects.iter().any(|p| covers(p, subject)) {
+            return Err(JetStreamError::Subjects {
+                stream: config.stream.clone(),
+                missing: subject.clone(),
+            });
+        }
+    }
+    let consumer: jetstream::consumer::Consumer<pull::Config> = stream
+        .get_or_create_consumer(
+            &config.consumer,
+            pull::Config {
+                durable_name: Some(config.consumer.clone()),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(config.ack_wait_seconds),
+                max_ack_pending: i64::try_from(config.max_ack_pending).unwrap_or(i64::MAX),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| unavailable(&e))?;
+    tracing::info!(stream = %config.stream, consumer = %config.consumer, "JetStream consumer ready");
+    consumer.messages().await.map_err(|e| unavailable(&e))
+}
+
+/// 0 means unlimited (-1 to the server).
+fn limit(n: u64) -> i64 {
+    if n == 0 {
+        -1
+    } else {
+        i64::try_from(n).unwrap_or(i64::MAX)
+    }
+}
+
+/// True when the stream subject `pattern` captures every subject `subject`
+/// can match (`chat.>` covers `chat.raw.>`).
+fn covers(pattern: &str, subject: &str) -> bool {
+    let (mut p, mut s) = (pattern.split('.'), subject.split('.'));
+    loop {
+        match (p.next(), s.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(t)) if t != ">" => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+/// Pulls messages until `stop` resolves. What was pulled but not yet handed
+/// to a worker stays unacknowledged and is redelivered later.
+pub async fn run(
+    mut messages: pull::Stream,
+    dispatcher: &Dispatcher,
+    stream: &str,
+    subjects: &Subjects,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let (raw, join) = (subjects.raw_wildcard(), subjects.join_wildcard());
+    let (raw, join) = (raw.trim_end_matches('>'), join.trim_end_matches('>'));
+    tokio::pin!(stop);
+    loop {
+        let item = tokio::select! {
+            biased;
+            _ = &mut stop => break,
+            item = messages.next() => item,
+        };
+        let message = match item {
+            Some(Ok(m)) => m,
+            Some(Err(e)) => {
+                // Heartbeat gaps and reconnects surface here; the consumer
+                // keeps pulling once the server is back.
+                tracing::warn!(error = %e, "JetStream pull");
+                continue;
+            }
+            None => {
+                tracing::warn!("JetStream message stream ended");
+                return;
+            }
+        };
+        let (sequence, redelivered) = match message.info() {
+            Ok(info) => (info.stream_sequence, info.delivered > 1),
+            Err(e) => {
+                tracing::warn!(error = %e, "JetStream message without delivery info; skipped");
+                continue;
+            }
+        };
+        let (message, acker) = message.split();
+        let subject = message.subject.as_str();
+        if !subject.starts_with(raw) && !subject.starts_with(join) {
+            // A broader existing stream: not ours to judge.
+            let _ = acker.ack().await;
+            continue;
+        }
+        let delivery = Delivery {
+            acker,
+            sequence,
+            redelivered,
+            stable_id: format!("{stream}-{sequence}"),
+        };
+        dispatcher.dispatch(message, Some(delivery)).await;
+    }
+    tracing::info!(
+        "shutdown: intake stopped; undispatched messages stay in the stream for redelivery"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::covers;
+
+    #[test]
+    fn stream_subjects_cover_what_they_should() {
+        assert!(covers("chat.raw.>", "chat.raw.>"));
+        assert!(covers("chat.>", "chat.raw.>"));
+        assert!(covers(">", "chat.join.>"));
+        assert!(covers("chat.*.>", "chat.raw.>"));
+        assert!(!covers("chat.raw.*", "chat.raw.>"));
+        assert!(!covers("chat.raw.>", "chat.join.>"));
+        assert!(!covers("other.>", "chat.raw.>"));
+    }
+}

@@ -1,0 +1,217 @@
+//! Ingest: where messages come in, and the hand-off of each one to the
+//! worker that owns its world.
+//!
+//! Two sources feed the same workers: [`core`] (two wildcard subscriptions,
+//! at most once) and [`jetstream`] (a durable pull consumer, at least once,
+//! acknowledged only after everything a message produced is at the server).
+//!
+//! Ordering: every message of a world goes to the same worker (chosen by a
+//! hash of the world name), and a worker decides and publishes its messages
+//! one at a time, in the order they arrived. Different worlds proceed in
+//! parallel on different workers.
+
+pub mod core;
+pub mod jetstream;
+
+use std::hash::BuildHasher;
+use std::sync::Arc;
+
+use async_nats::Message;
+use tokio::sync::mpsc;
+
+use crate::judge::{Judge, Outbound};
+use crate::publish::Publisher;
+use crate::subject::{Origin, Subjects};
+
+/// Messages queued per worker before ingest waits (and so, once the
+/// subscription buffer is full too, NATS reports a slow consumer).
+pub const WORKER_QUEUE: usize = 4096;
+
+/// JetStream acknowledgements a worker holds before it flushes and sends
+/// them; it also does so whenever its queue runs empty.
+pub const ACK_BATCH: usize = 256;
+
+/// How a JetStream message is acknowledged, and what identifies it.
+pub struct Delivery {
+    pub acker: async_nats::jetstream::message::Acker,
+    /// Stream sequence: the message's identity across redeliveries.
+    pub sequence: u64,
+    /// Delivered before (the server is redelivering it).
+    pub redelivered: bool,
+    /// Stands in for the id of a message that has none, so reprocessing
+    /// yields the same ids.
+    pub stable_id: String,
+}
+
+/// One ingress message on its way to a worker.
+pub struct Work {
+    pub origin: Origin,
+    pub message: Message,
+    pub delivery: Option<Delivery>,
+}
+
+/// Routes messages to workers by world.
+pub struct Dispatcher {
+    subjects: Subjects,
+    workers: Vec<mpsc::Sender<Work>>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl Dispatcher {
+    /// Spawns `n` workers sharing `judge` and `publisher`; returns the
+    /// dispatcher and the workers' handles, which end once the dispatcher is
+    /// dropped and their queues are empty. `replay` is the JetStream mode's
+    /// memory of decisions not yet acknowledged.
+    pub fn spawn(
+        n: usize,
+        judge: Arc<Judge>,
+        publisher: Publisher,
+        replay: Option<jetstream::Replay>,
+    ) -> (Dispatcher, Vec<tokio::task::JoinHandle<()>>) {
+        let mut workers = Vec::with_capacity(n);
+        let mut handles = Vec::with_capacity(n);
+        for _ in 0..n.max(1) {
+            let (tx, rx) = mpsc::channel(WORKER_QUEUE);
+            workers.push(tx);
+            let worker = Worker {
+                judge: judge.clone(),
+                publisher: publisher.clone(),
+                replay: replay.clone(),
+                acks: Vec::new(),
+            };
+            handles.push(tokio::spawn(worker.run(rx)));
+        }
+        let dispatcher = Dispatcher {
+            subjects: judge.subjects().clone(),
+            workers,
+            hasher: Default::default(),
+        };
+        (dispatcher, handles)
+    }
+
+    /// Queues one message on its world's worker.
+    pub async fn dispatch(&self, message: Message, delivery: Option<Delivery>) {
+        let origin = self.subjects.parse(message.subject.as_str());
+        let slot = origin.world().map_or(0, |w| {
+            self.hasher.hash_one(w.as_str()) as usize % self.workers.len()
+        });
+        let work = Work {
+            origin,
+            message,
+            delivery,
+        };
+        if self.workers[slot].send(work).await.is_err() {
+            tracing::error!("worker is gone; message dropped");
+        }
+    }
+}
+
+/// Decides and publishes one queue, in order.
+struct Worker {
+    judge: Arc<Judge>,
+    publisher: Publisher,
+    replay: Option<jetstream::Replay>,
+    /// JetStream messages whose outputs are published but not yet flushed.
+    acks: Vec<async_nats::jetstream::message::Acker>,
+}
+
+impl Worker {
+    async fn run(mut self, mut rx: mpsc::Receiver<Work>) {
+        loop {
+            let work = match rx.try_recv() {
+                Ok(work) => work,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    // Idle: make what was published durable before waiting.
+                    self.settle_acks().await;
+                    match rx.recv().await {
+                        Some(work) => work,
+                        None => break,
+                    }
+                }
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+            };
+            self.handle(work).await;
+            if self.acks.len() >= ACK_BATCH {
+                self.settle_acks().await;
+            }
+        }
+        self.settle_acks().await;
+    }
+
+    async fn handle(
+        &mut self,
+        Work {
+            origin,
+            message,
+            delivery,
+        }: Work,
+    ) {
+        let outbound = match (&delivery, &self.replay) {
+            (Some(d), Some(replay)) => {
+                let earlier = if d.redelivered {
+                    replay.get(d.sequence)
+                } else {
+                    None
+                };
+                match earlier {
+                    // Redelivered while its first outputs may still be in
+                    // flight: send exactly those again (same ids).
+                    Some(outbound) => outbound,
+                    None => {
+                        let outbound = self.decide(origin, &message, Some(&d.stable_id));
+                        replay.insert(d.sequence, outbound.clone());
+                        outbound
+                    }
+                }
+            }
+            _ => self.decide(origin, &message, None),
+        };
+        for out in outbound.iter() {
+            // Failures are logged by the publisher; the next copy still goes.
+            let _ = self.publisher.send(out.clone()).await;
+        }
+        if let Some(d) = delivery {
+            self.acks.push(d.acker);
+        }
+    }
+
+    fn decide(
+        &self,
+        origin: Origin,
+        message: &Message,
+        stable_id: Option<&str>,
+    ) -> Arc<[Outbound]> {
+        let header_id = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+            .map(|v| v.as_str());
+        match self
+            .judge
+            .decide(origin, &message.payload, header_id.or(stable_id))
+        {
+            Some(decision) => decision.outbound.into(),
+            None => Arc::from(Vec::new()),
+        }
+    }
+
+    /// Flushes, then acknowledges: an acknowledgement never reaches the
+    /// server before the outputs of its message.
+    async fn settle_acks(&mut self) {
+        if self.acks.is_empty() {
+            return;
+        }
+        if let Err(e) = self.publisher.flush().await {
+            // Not acknowledged: the server redelivers, and the same ids
+            // make the second publish a duplicate the egress stream drops.
+            tracing::warn!(error = %e, pending = self.acks.len(), "flush failed; leaving messages for redelivery");
+            self.acks.clear();
+            return;
+        }
+        for acker in self.acks.drain(..) {
+            if let Err(e) = acker.ack().await {
+                tracing::debug!(error = %e, "ack failed; the message will be redelivered");
+            }
+        }
+    }
+}
