@@ -34,6 +34,15 @@ impl Publisher {
         result
     }
 
+    /// How many times the client has connected: a change between a publish
+    /// and a flush means the publish may have died with the old connection.
+    pub fn connects(&self) -> u64 {
+        self.client
+            .statistics()
+            .connects
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Waits until everything published so far has reached the server.
     pub async fn flush(&self) -> Result<(), async_nats::client::FlushError> {
         self.client.flush().await

@@ -78,6 +78,7 @@ impl Dispatcher {
                 publisher: publisher.clone(),
                 replay: replay.clone(),
                 acks: Vec::new(),
+                batch_connects: 0,
             };
             handles.push(tokio::spawn(worker.run(rx)));
         }
@@ -113,6 +114,8 @@ struct Worker {
     replay: Option<jetstream::Replay>,
     /// JetStream messages whose outputs are published but not yet flushed.
     acks: Vec<async_nats::jetstream::message::Acker>,
+    /// The client's connect count when the first of `acks` was published.
+    batch_connects: u64,
 }
 
 impl Worker {
@@ -146,6 +149,10 @@ impl Worker {
             delivery,
         }: Work,
     ) {
+        if delivery.is_some() && self.acks.is_empty() {
+            // A new batch: remember the connection it is published on.
+            self.batch_connects = self.publisher.connects();
+        }
         let outbound = match (&delivery, &self.replay) {
             (Some(d), Some(replay)) => {
                 let earlier = if d.redelivered {
@@ -196,15 +203,25 @@ impl Worker {
     }
 
     /// Flushes, then acknowledges: an acknowledgement never reaches the
-    /// server before the outputs of its message.
+    /// server before the outputs of its message. Whatever is not
+    /// acknowledged is redelivered, and its same ids make the second publish
+    /// a duplicate that an egress stream drops.
     async fn settle_acks(&mut self) {
         if self.acks.is_empty() {
             return;
         }
         if let Err(e) = self.publisher.flush().await {
-            // Not acknowledged: the server redelivers, and the same ids
-            // make the second publish a duplicate the egress stream drops.
             tracing::warn!(error = %e, pending = self.acks.len(), "flush failed; leaving messages for redelivery");
+            self.acks.clear();
+            return;
+        }
+        if self.publisher.connects() != self.batch_connects {
+            // The flush went over a new connection: publishes written to the
+            // old one may never have arrived.
+            tracing::info!(
+                pending = self.acks.len(),
+                "reconnected during a batch; leaving it for redelivery"
+            );
             self.acks.clear();
             return;
         }

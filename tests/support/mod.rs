@@ -59,6 +59,10 @@ pub struct NatsServer {
     child: Child,
     pub port: u16,
     _dir: Option<tempfile::TempDir>,
+    /// Flags it was started with, for a restart on the same port.
+    extra: Vec<String>,
+    /// JetStream store directory, kept across restarts.
+    store: Option<tempfile::TempDir>,
 }
 
 impl NatsServer {
@@ -104,9 +108,34 @@ impl NatsServer {
             child,
             port,
             _dir: Some(dir),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            store: None,
         };
         server.wait_accepting();
         server
+    }
+
+    /// A server with JetStream on, storing in its own temporary directory.
+    pub fn start_jetstream() -> NatsServer {
+        let store = tempfile::tempdir().expect("store dir");
+        let path = store.path().to_str().expect("utf-8 path").to_string();
+        let mut server = NatsServer::start_with(&["-js", "-sd", &path]);
+        server.store = Some(store);
+        server
+    }
+
+    /// Stops the server and starts it again on the same port with the same
+    /// flags (and so the same JetStream store).
+    pub fn restart(&mut self) {
+        self.stop();
+        self.child = Command::new(nats_server_bin())
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nats-server restarts");
+        self.wait_accepting();
     }
 
     /// Starts a server on a given `port` (to restart one where it was).
@@ -121,6 +150,8 @@ impl NatsServer {
             child,
             port,
             _dir: None,
+            extra: Vec::new(),
+            store: None,
         };
         server.wait_accepting();
         server
@@ -217,6 +248,12 @@ impl Loopguard {
             }
         })
         .await
+    }
+
+    /// SIGKILL: no drain, no flush, no acknowledgement.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     pub fn is_running(&mut self) -> bool {
