@@ -98,7 +98,7 @@ pub async fn run(
     let jetstream = &config.nats.jetstream;
     let intake = if jetstream.enabled {
         match open_jetstream(&client, jetstream, &subjects, stopped()).await? {
-            Some(messages) => Intake::JetStream(messages),
+            Some(messages) => Intake::JetStream(Box::new(messages)),
             None => {
                 tracing::info!("shutdown: stopped before JetStream was ready");
                 http.abort();
@@ -140,7 +140,7 @@ pub async fn run(
             Intake::Core(raw, join) => ingest::core::run(raw, join, &dispatcher, stopped()).await,
             Intake::JetStream(messages) => {
                 ingest::jetstream::run(
-                    messages,
+                    *messages,
                     &dispatcher,
                     &jetstream.stream,
                     &subjects,
@@ -175,7 +175,7 @@ pub async fn run(
 /// Where messages come from.
 enum Intake {
     Core(async_nats::Subscriber, async_nats::Subscriber),
-    JetStream(async_nats::jetstream::consumer::pull::Stream),
+    JetStream(Box<async_nats::jetstream::consumer::pull::Stream>),
 }
 
 /// Sets up the JetStream stream and consumer, retrying while the server is

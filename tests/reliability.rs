@@ -77,7 +77,7 @@ async fn until_ingest_acknowledged(js: &jetstream::Context, lg: &Loopguard) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while stream_messages(js, "LOOPGUARD_INGEST").await > 0 {
         if tokio::time::Instant::now() > deadline {
-            let mut stream = js.get_stream("LOOPGUARD_INGEST").await.unwrap();
+            let stream = js.get_stream("LOOPGUARD_INGEST").await.unwrap();
             let mut consumer: jetstream::consumer::PullConsumer =
                 stream.get_consumer("loopguard").await.unwrap();
             let info = consumer.info().await.unwrap().clone();
@@ -264,7 +264,7 @@ async fn an_existing_stream_that_misses_the_subjects_stops_start_up_with_a_clear
     .await
     .unwrap();
     let mut lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
-    let status = within("loopguard to exit", async {
+    within("loopguard to exit", async {
         loop {
             if !lg.is_running() {
                 return;
@@ -273,7 +273,6 @@ async fn an_existing_stream_that_misses_the_subjects_stops_start_up_with_a_clear
         }
     })
     .await;
-    let _ = status;
     let logs = lg.logs();
     assert!(
         logs.contains("LOOPGUARD_INGEST") && logs.contains("chat.join.>"),
