@@ -12,7 +12,7 @@ use crate::config::{NatsAuth, Settings};
 use crate::ingest::jetstream::JetStreamError;
 use crate::ingest::{self, Dispatcher};
 use crate::judge::Judge;
-use crate::metrics::Metrics;
+use crate::metrics::{DropReason, Metrics};
 use crate::publish::Publisher;
 
 /// Why loopguard could not run.
@@ -128,7 +128,7 @@ pub async fn run(
     let workers = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
         .max(2);
-    let publisher = Publisher::new(client.clone());
+    let publisher = Publisher::new(client.clone(), metrics.clone());
     let replay = jetstream
         .enabled
         .then(|| ingest::jetstream::Replay::new(jetstream));
@@ -232,6 +232,18 @@ async fn connect(settings: &Settings, metrics: &Metrics) -> Result<async_nats::C
                         m.nats_connected.set(0);
                         tracing::warn!("disconnected from NATS; reconnecting");
                     }
+                    async_nats::Event::SlowConsumer(sid) => m.dropped(
+                        DropReason::SlowConsumer,
+                        &format_args!(
+                            "subscription {sid} buffer full; raise nats.subscription_capacity"
+                        ),
+                    ),
+                    async_nats::Event::ServerError(async_nats::ServerError::SlowConsumer(sid)) => m
+                        .dropped(
+                            DropReason::ServerSlowConsumer,
+                            &format_args!("the server dropped messages for subscription {sid}"),
+                        ),
+                    async_nats::Event::ClientError(e) => m.dropped(DropReason::ClientError, &e),
                     other => tracing::warn!(event = %other, "NATS client event"),
                 }
             }

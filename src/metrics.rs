@@ -2,6 +2,10 @@
 //! fixed sets (kinds, decisions, rule names, reasons, visibilities), never a
 //! world, agent or message value.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 use crate::rules::RuleName;
@@ -22,6 +26,50 @@ pub struct Metrics {
     pub nats_reconnects: IntCounter,
     /// 1 while `/readyz` answers 200; what "not ready" alerts watch.
     pub ready: IntGauge,
+    dropped: IntCounterVec,
+    /// When each drop reason was last logged, and how many since.
+    drop_log: Arc<[DropLog; DropReason::ALL.len()]>,
+}
+
+/// Why a message was lost or an output not sent: the `reason` label of
+/// `loopguard_dropped_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// loopguard's subscription buffer was full (`nats.subscription_capacity`).
+    SlowConsumer,
+    /// The server dropped messages to loopguard, which read too slowly.
+    ServerSlowConsumer,
+    /// The NATS client reported an error.
+    ClientError,
+    /// A copy, notice or event could not be published.
+    PublishError,
+}
+
+impl DropReason {
+    pub const ALL: [DropReason; 4] = [
+        DropReason::SlowConsumer,
+        DropReason::ServerSlowConsumer,
+        DropReason::ClientError,
+        DropReason::PublishError,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DropReason::SlowConsumer => "slow_consumer",
+            DropReason::ServerSlowConsumer => "server_slow_consumer",
+            DropReason::ClientError => "client_error",
+            DropReason::PublishError => "publish_error",
+        }
+    }
+}
+
+/// Rate limit of the drop log: one line per reason per interval.
+const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+#[derive(Default)]
+struct DropLog {
+    last: Mutex<Option<Instant>>,
+    since: AtomicU64,
 }
 
 /// The `decision` label.
@@ -116,6 +164,11 @@ impl Metrics {
             "Connections to NATS re-established after a loss.",
         )
         .expect("static counter");
+        let dropped = counter_vec(
+            "loopguard_dropped_total",
+            "Messages lost or outputs not sent, by reason (a lower bound for slow consumers).",
+            &["reason"],
+        );
         let ready = IntGauge::new(
             "loopguard_ready",
             "1 while connected to NATS, subscribed and not draining (what /readyz answers).",
@@ -150,6 +203,23 @@ impl Metrics {
             nats_connected,
             nats_reconnects,
             ready,
+            dropped,
+            drop_log: Arc::new(Default::default()),
+        }
+    }
+
+    /// Counts a drop and logs it, at most once per reason every ten
+    /// seconds, with how many happened since the last line.
+    pub fn dropped(&self, reason: DropReason, detail: &dyn std::fmt::Display) {
+        self.dropped.with_label_values(&[reason.as_str()]).inc();
+        let log = &self.drop_log[reason as usize];
+        let since = log.since.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut last = log.last.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if last.is_none_or(|t| now.duration_since(t) >= DROP_LOG_INTERVAL) {
+            *last = Some(now);
+            log.since.store(0, Ordering::Relaxed);
+            tracing::warn!(reason = reason.as_str(), count = since, %detail, "messages dropped");
         }
     }
 

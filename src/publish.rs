@@ -3,20 +3,23 @@
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
 
 use crate::judge::Outbound;
+use crate::metrics::{DropReason, Metrics};
 
 /// Sends [`Outbound`] messages on one client.
 #[derive(Clone)]
 pub struct Publisher {
     client: async_nats::Client,
+    /// Counts what could not be sent.
+    metrics: Metrics,
 }
 
 impl Publisher {
-    pub fn new(client: async_nats::Client) -> Publisher {
-        Publisher { client }
+    pub fn new(client: async_nats::Client, metrics: Metrics) -> Publisher {
+        Publisher { client, metrics }
     }
 
-    /// Publishes one message. A failure is logged and returned; the caller
-    /// goes on with the next message.
+    /// Publishes one message. A failure is counted, logged (rate-limited)
+    /// and returned; the caller goes on with the next message.
     pub async fn send(&self, out: Outbound) -> Result<(), async_nats::PublishError> {
         let result = match out.msg_id {
             Some(id) => {
@@ -29,7 +32,7 @@ impl Publisher {
             None => self.client.publish(out.subject, out.payload).await,
         };
         if let Err(e) = &result {
-            tracing::warn!(error = %e, "publish failed");
+            self.metrics.dropped(DropReason::PublishError, e);
         }
         result
     }

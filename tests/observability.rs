@@ -222,6 +222,17 @@ async fn readyz_is_503_while_nats_is_down_and_200_after_it_returns_on_the_same_p
         1.0
     );
     assert!(h.loopguard.is_running());
+
+    // routing resumes once both loopguard and the test client are back
+    support::within("test client reconnect", async {
+        while h.client.connection_state() != async_nats::connection::State::Connected {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    h.send_json("w", "human", "hank", msg("back again")).await;
+    let out = h.settle("w").await;
+    assert_eq!(out.public("w").len(), 1, "routing resumed after the outage");
 }
 
 #[tokio::test]
@@ -340,4 +351,45 @@ async fn json_logs_are_one_object_per_line() {
     assert_eq!(rejection["level"], "DEBUG");
     assert_eq!(rejection["fields"]["rule"], "invalid");
     assert_eq!(rejection["fields"]["sender"], "alice");
+}
+
+#[tokio::test]
+async fn core_mode_slow_consumer_drops_are_counted_and_logged() {
+    // A one-message subscription buffer and a flood far beyond what the
+    // workers' queues absorb: NATS must drop, and loopguard must say so.
+    let mut h = Harness::start(
+        "[nats]\nsubscription_capacity = 1\n[rules.turns]\nmax = 0\n[rules.depth]\nmax = 0\n[rules.rate]\nmax = 0\n",
+    )
+    .await;
+    let addr = h.loopguard.http_addr().await;
+    for i in 0..60_000 {
+        h.send("flood", "agent", "a", format!("m{i}")).await;
+    }
+    support::within("flush", h.client.flush()).await.unwrap();
+    let dropped = support::within("drops to be counted", async {
+        loop {
+            let n = Scrape::take(&addr)
+                .await
+                .get("loopguard_dropped_total", &[("reason", "slow_consumer")]);
+            if n > 0.0 {
+                return n;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let logs = h.loopguard.logs();
+    let lines = logs
+        .lines()
+        .filter(|l| l.contains("messages dropped"))
+        .count();
+    assert!(lines >= 1, "a drop is logged");
+    assert!(
+        (lines as f64) < dropped.max(2.0),
+        "the log is rate-limited: {lines} lines for {dropped} drops"
+    );
+    // still serving
+    h.send_json("after", "human", "hank", msg("still here"))
+        .await;
+    assert_eq!(h.settle("after").await.public("after").len(), 1);
 }
