@@ -5,7 +5,7 @@ CARGO ?= cargo
 NATS_SERVER ?= $(shell command -v nats-server 2>/dev/null || ls /usr/sbin/nats-server 2>/dev/null)
 DEMO_LOG ?= target/demo-loopguard.log
 
-.PHONY: all build test test-alerts test-chart test-compose test-examples py-deps demo deps lint fmt clean
+.PHONY: all build test test-alerts test-chart test-compose test-examples py-deps demo memory deps lint fmt clean
 
 all: build
 
@@ -77,6 +77,10 @@ demo: deps
 	sleep 0.5; \
 	target/debug/examples/demo; \
 	echo; echo "loopguard's log: $(DEMO_LOG)"
+
+# Resident memory under floods of unique worlds, agents, threads, contents.
+memory: deps
+	scripts/memory.sh
 
 clean:
 	$(CARGO) clean

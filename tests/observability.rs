@@ -388,8 +388,9 @@ async fn core_mode_slow_consumer_drops_are_counted_and_logged() {
         (lines as f64) < dropped.max(2.0),
         "the log is rate-limited: {lines} lines for {dropped} drops"
     );
-    // still serving
-    h.send_json("after", "human", "hank", msg("still here"))
-        .await;
-    assert_eq!(h.settle("after").await.public("after").len(), 1);
+    // Still alive and ready. (Not a settle: with a one-message buffer the
+    // barriers themselves may be dropped, which is the point.)
+    assert!(h.loopguard.is_running());
+    assert_eq!(http(&addr, "GET", "/healthz", &[]).await.0, 200);
+    assert_eq!(http(&addr, "GET", "/readyz", &[]).await.0, 200);
 }

@@ -1,0 +1,208 @@
+//! `make memory`: floods a running loopguard with unique worlds, agents,
+//! threads and contents, and prints its resident memory after each phase.
+//!
+//! usage: flood <nats-url> <loopguard-pid> <loopguard-http-addr> <max_worlds>
+//!
+//! Each phase waits until loopguard has decided everything sent (its
+//! `loopguard_messages_total` catches up), then reads VmRSS from /proc.
+
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+fn rss_kib(pid: u32) -> Result<u64, Error> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .ok_or("no VmRSS")?;
+    Ok(line.split_whitespace().nth(1).ok_or("bad VmRSS")?.parse()?)
+}
+
+async fn metrics(addr: &str) -> Result<String, Error> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(
+        format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).await?;
+    Ok(body)
+}
+
+/// Sum of the series of `name` (any labels).
+fn total(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.starts_with(name)
+                && (l[name.len()..].starts_with('{') || l[name.len()..].starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+struct Flood {
+    client: async_nats::Client,
+    pid: u32,
+    addr: String,
+    sent: u64,
+    /// Decisions expected so far (joins make none; their phases end with a
+    /// barrier that does).
+    expected: u64,
+    started: Instant,
+}
+
+impl Flood {
+    /// Sends `n` messages made by `make`, then waits until loopguard decided
+    /// them. `joins` phases send joins, which are followed by a barrier: an
+    /// invalid join into the same world, decided after every join before it.
+    async fn phase(
+        &mut self,
+        label: &str,
+        n: u64,
+        joins: Option<&str>,
+        make: impl Fn(u64) -> (String, String),
+    ) -> Result<(), Error> {
+        for i in 0..n {
+            let (subject, payload) = make(i);
+            self.client.publish(subject, payload.into()).await?;
+            // Keep at most ~20k in flight, so the flood measures state, not
+            // buffers.
+            if i % 5_000 == 4_999 {
+                match joins {
+                    Some(world) => {
+                        self.client
+                            .publish(format!("chat.join.{world}.barrier.x"), "".into())
+                            .await?;
+                        self.expected += 1;
+                        self.client.flush().await?;
+                        self.wait_decided(self.expected).await?;
+                    }
+                    None => {
+                        self.client.flush().await?;
+                        self.wait_decided((self.expected + i + 1).saturating_sub(20_000))
+                            .await?;
+                    }
+                }
+            }
+        }
+        match joins {
+            Some(world) => {
+                self.client
+                    .publish(format!("chat.join.{world}.barrier.x"), "".into())
+                    .await?;
+                self.expected += 1;
+            }
+            None => self.expected += n,
+        }
+        self.client.flush().await?;
+        self.sent += n;
+        self.wait_decided(self.expected).await?;
+        let m = metrics(&self.addr).await?;
+        println!(
+            "| {label:<44} | {:>9} | {:>8} | {:>8.1} | {:>6.1}s |",
+            self.sent,
+            total(&m, "loopguard_worlds"),
+            rss_kib(self.pid)? as f64 / 1024.0,
+            self.started.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+
+    /// Waits until loopguard decided at least `target` messages (drops count
+    /// as decided: they will never be).
+    async fn wait_decided(&self, target: u64) -> Result<(), Error> {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let m = metrics(&self.addr).await?;
+            let done = total(&m, "loopguard_decision_duration_seconds_count")
+                + total(&m, "loopguard_dropped_total");
+            if done as u64 >= target {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("loopguard decided {done} of {target}").into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, url, pid, addr, max_worlds] = args.as_slice() else {
+        return Err(
+            "usage: flood <nats-url> <loopguard-pid> <loopguard-http-addr> <max_worlds>".into(),
+        );
+    };
+    let max_worlds: u64 = max_worlds.parse()?;
+    let mut f = Flood {
+        client: async_nats::connect(url.as_str()).await?,
+        pid: pid.parse()?,
+        addr: addr.clone(),
+        sent: 0,
+        expected: 0,
+        started: Instant::now(),
+    };
+    println!(
+        "| {:<44} | {:>9} | {:>8} | {:>8} | {:>7} |",
+        "phase", "messages", "worlds", "RSS MiB", "time"
+    );
+    println!(
+        "|{}|{}|{}|{}|{}|",
+        "-".repeat(46),
+        "-".repeat(11),
+        "-".repeat(10),
+        "-".repeat(10),
+        "-".repeat(9)
+    );
+    f.phase("start (one message)", 1, None, |_| {
+        ("chat.raw.w0.human.h".into(), "hi".into())
+    })
+    .await?;
+    let mut worlds_sent = 0;
+    for multiple in [1, 2, 5, 10, 20, 50] {
+        let target = multiple * max_worlds;
+        let base = worlds_sent;
+        f.phase(
+            &format!("unique worlds: {multiple}x max_worlds"),
+            target - base,
+            None,
+            move |i| {
+                (
+                    format!("chat.raw.world{}.agent.a", base + i),
+                    format!("message {}", base + i),
+                )
+            },
+        )
+        .await?;
+        worlds_sent = target;
+    }
+    for agents in [10_000u64, 50_000, 100_000] {
+        f.phase(
+            &format!("one world, {agents} unique agents (joins)"),
+            agents,
+            Some("crowd"),
+            |i| (format!("chat.join.crowd.agent{i}"), String::new()),
+        )
+        .await?;
+    }
+    f.phase("one world, 100000 unique threads", 100_000, None, |i| {
+        (
+            "chat.raw.threads.human.h".into(),
+            format!("{{\"content\":\"t{i}\",\"id\":\"id{i}\",\"thread_id\":\"thread{i}\"}}"),
+        )
+    })
+    .await?;
+    f.phase("one world, 100000 unique contents", 100_000, None, |i| {
+        (
+            "chat.raw.contents.human.h".into(),
+            format!("unique content number {i}"),
+        )
+    })
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,34 @@
+//! The whole decision: a hostile subject and payload in, never a panic, and
+//! only subjects made of `[a-z0-9_-]` tokens out.
+#![no_main]
+use std::sync::{Arc, OnceLock};
+
+use libfuzzer_sys::fuzz_target;
+use loopguard::{clock::SystemClock, config::Config, judge::Judge, metrics::Metrics};
+
+fn judge() -> &'static Judge {
+    static JUDGE: OnceLock<Judge> = OnceLock::new();
+    JUDGE.get_or_init(|| {
+        let settings = Config::default().validate().expect("defaults are valid");
+        Judge::new(Arc::new(settings), Arc::new(SystemClock), Metrics::new())
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    // The first line is the subject after "chat.", the rest the payload.
+    let split = data.iter().position(|&b| b == b'\n').unwrap_or(data.len());
+    let Ok(tail) = std::str::from_utf8(&data[..split]) else { return };
+    let payload = data.get(split + 1..).unwrap_or(&[]);
+    let judge = judge();
+    let origin = judge.subjects().parse(&format!("chat.{tail}"));
+    if let Some(decision) = judge.decide(origin, payload, None) {
+        for out in &decision.outbound {
+            let rest = out.subject.strip_prefix("chat.").expect("prefix");
+            assert!(
+                rest.split('.').all(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')),
+                "unsafe subject {}",
+                out.subject
+            );
+        }
+    }
+});

@@ -1,0 +1,166 @@
+//! Property tests over everything hostile input reaches: the subject parser,
+//! the envelope parser, the mention extractor, the normaliser, and the whole
+//! judge. Whatever comes in, nothing panics and no subject loopguard builds
+//! carries a token outside `[a-z0-9_-]`.
+
+use std::sync::Arc;
+
+use loopguard::clock::SystemClock;
+use loopguard::config::Config;
+use loopguard::judge::Judge;
+use loopguard::metrics::Metrics;
+use loopguard::names::Name;
+use loopguard::subject::{Origin, Subjects};
+use loopguard::{envelope, mentions, normalize};
+use proptest::prelude::*;
+
+/// Each token of `subject` after the `chat` prefix is a valid name token.
+fn assert_safe_subject(subject: &str) {
+    let rest = subject.strip_prefix("chat.").expect("our prefix");
+    let mut tokens = rest.split('.');
+    let verb = tokens.next().unwrap();
+    assert!(["public", "private", "events"].contains(&verb), "{subject}");
+    for t in tokens {
+        assert!(
+            !t.is_empty()
+                && t.len() <= 64
+                && t.bytes().all(|b| b.is_ascii_lowercase()
+                    || b.is_ascii_digit()
+                    || b == b'_'
+                    || b == b'-'),
+            "unsafe token {t:?} in {subject:?}"
+        );
+    }
+}
+
+/// Subject tokens: mostly plausible names, often hostile.
+fn token() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-zA-Z0-9_-]{1,8}",
+        ".{0,70}",
+        Just("agent".to_string()),
+        Just("human".to_string()),
+        Just(">".to_string()),
+        Just("*".to_string()),
+    ]
+}
+
+/// Contents rich in mention syntax.
+fn content() -> impl Strategy<Value = String> {
+    prop_oneof![
+        ".{0,200}",
+        prop::collection::vec(
+            prop_oneof![
+                Just("@".to_string()),
+                Just("@bob".to_string()),
+                Just("@Alice".to_string()),
+                Just("@carol:".to_string()),
+                Just(", ".to_string()),
+                Just("\n".to_string()),
+                Just("\r\n".to_string()),
+                Just(" \t".to_string()),
+                Just("\u{a0}".to_string()),
+                Just("<world>pass</world>".to_string()),
+                "[a-z .>*]{0,6}",
+                ".{0,4}",
+            ],
+            0..30
+        )
+        .prop_map(|parts| parts.concat()),
+    ]
+}
+
+fn judge() -> Judge {
+    let mut config = Config::default();
+    config.worlds.insert(
+        "w".into(),
+        serde_json::from_value(serde_json::json!({"agents": ["alice", "bob", "carol"]})).unwrap(),
+    );
+    Judge::new(
+        Arc::new(config.validate().unwrap()),
+        Arc::new(SystemClock),
+        Metrics::new(),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn names_are_either_rejected_or_safe(raw in ".{0,80}") {
+        if let Ok(name) = Name::parse(&raw) {
+            prop_assert!(name.as_str().bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'));
+            prop_assert!((1..=64).contains(&name.as_str().len()));
+        }
+    }
+
+    #[test]
+    fn subject_parsing_yields_only_valid_names(a in token(), b in token(), c in token(), d in token(), verb in prop_oneof![Just("raw"), Just("join"), Just("x")]) {
+        let subjects = Subjects::new("chat");
+        let subject = format!("chat.{verb}.{a}.{b}.{c}.{d}");
+        for s in [subject.as_str(), &format!("chat.{verb}.{a}.{b}.{c}"), &format!("chat.{verb}.{a}.{b}")] {
+            match subjects.parse(s) {
+                Origin::Raw { world, sender, .. } => {
+                    assert_safe_subject(&subjects.public(&world));
+                    assert_safe_subject(&subjects.private(&world, &sender));
+                }
+                Origin::Join { world, agent } => assert_safe_subject(&subjects.private(&world, &agent)),
+                Origin::Invalid { world, sender, .. } => {
+                    prop_assert!(sender.chars().count() <= 64);
+                    if let Some(w) = world { assert_safe_subject(&subjects.events(&w)); }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_envelope_parser_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..300), header in proptest::option::of(".{0,20}"), max in 0usize..400) {
+        let _ = envelope::parse(&bytes, header.as_deref(), max);
+    }
+
+    #[test]
+    fn the_envelope_parser_takes_json_objects_apart(content in ".{0,50}", id in proptest::option::of(".{0,10}"), extra in ".{0,10}") {
+        let payload = serde_json::json!({"content": content, "id": id, "x": extra}).to_string();
+        let env = envelope::parse(payload.as_bytes(), None, 10_000).unwrap();
+        prop_assert_eq!(env.content, content);
+        prop_assert_eq!(env.id, id);
+        prop_assert_eq!(env.fields.get("x").and_then(|v| v.as_str()), Some(extra.as_str()));
+    }
+
+    #[test]
+    fn mention_tokens_are_always_names(text in content()) {
+        let scan = mentions::scan(&text);
+        for t in scan.leading.iter().chain(scan.inline.iter()) {
+            let name = Name::parse(t);
+            prop_assert!(name.is_ok(), "token {:?} from {:?}", t, text);
+        }
+    }
+
+    #[test]
+    fn normalisation_is_idempotent(text in content()) {
+        let once = normalize::normalize(&text);
+        prop_assert_eq!(normalize::normalize(&once), once);
+    }
+
+    #[test]
+    fn the_judge_never_panics_and_only_publishes_on_safe_subjects(
+        msgs in prop::collection::vec((token(), token(), content(), proptest::option::of(".{0,8}")), 1..12),
+    ) {
+        let judge = judge();
+        let subjects = Subjects::new("chat");
+        for (kind, name, text, parent) in msgs {
+            for world in ["w", "other"] {
+                let origin = subjects.parse(&format!("chat.raw.{world}.{kind}.{name}"));
+                let payload = serde_json::json!({"content": text, "parent_id": parent}).to_string();
+                for p in [payload.as_bytes(), text.as_bytes()] {
+                    if let Some(decision) = judge.decide(origin.clone(), p, None) {
+                        for out in &decision.outbound {
+                            assert_safe_subject(&out.subject);
+                            prop_assert!(serde_json::from_slice::<serde_json::Value>(&out.payload).is_ok());
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
