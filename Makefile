@@ -5,7 +5,7 @@ CARGO ?= cargo
 NATS_SERVER ?= $(shell command -v nats-server 2>/dev/null || ls /usr/sbin/nats-server 2>/dev/null)
 DEMO_LOG ?= target/demo-loopguard.log
 
-.PHONY: all build test test-alerts test-chart test-compose test-examples py-deps demo memory deps lint fmt clean
+.PHONY: all build test test-alerts test-chart test-compose test-examples py-deps demo bench memory deps lint fmt clean
 
 all: build
 
@@ -30,7 +30,7 @@ deps:
 PYTHON ?= python3
 
 test: deps test-alerts
-	$(CARGO) test --all-targets
+	$(CARGO) test
 	$(MAKE) test-chart test-compose test-examples
 
 # Python tools for the chart, compose and example tests (pinned).
@@ -77,6 +77,14 @@ demo: deps
 	sleep 0.5; \
 	target/debug/examples/demo; \
 	echo; echo "loopguard's log: $(DEMO_LOG)"
+
+# The relay benchmark (loopguard beside its baselines) and the criterion
+# micro-benchmarks; the relay table is kept in docs/benchmarks.md.
+bench: deps
+	$(CARGO) build --release --bin loopguard --example bare_relay
+	$(CARGO) bench --bench relay | tee target/bench-relay.md
+	$(CARGO) bench --bench decision -- --warm-up-time 1 --measurement-time 3 | tee target/bench-decision.txt
+	scripts/bench_report.sh target/bench-relay.md target/bench-decision.txt > docs/benchmarks.md
 
 # Resident memory under floods of unique worlds, agents, threads, contents.
 memory: deps

@@ -5,6 +5,8 @@
 //! exact bytes to publish. No I/O happens here, so the whole decision can be
 //! tested and benchmarked in process; `publish` sends what it returns.
 
+use std::borrow::Cow;
+use std::cell::RefCell;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,7 +21,7 @@ use crate::envelope::{self, EnvelopeError};
 use crate::events;
 use crate::metrics::{Handoff, Metrics, Outcome};
 use crate::names::Name;
-use crate::normalize::normalize;
+use crate::normalize::normalize_into;
 use crate::routing::{self, Route, Visibility};
 use crate::rules::{self, pass, Candidate, Context, Rejection, RuleName};
 use crate::state::{self, Approved, Lineage, WorldState, Worlds};
@@ -51,7 +53,7 @@ pub struct Decision {
     pub id: String,
     pub outcome: Outcome,
     pub rule: Option<RuleName>,
-    pub reason: String,
+    pub reason: Cow<'static, str>,
     /// Observe mode: the rule that would have rejected an approved message.
     pub would_reject: Option<RuleName>,
     pub depth: u32,
@@ -70,7 +72,7 @@ impl Decision {
         sender: String,
         id: String,
         rule: RuleName,
-        reason: String,
+        reason: impl Into<Cow<'static, str>>,
         observed_at: String,
     ) -> Decision {
         Decision {
@@ -80,7 +82,7 @@ impl Decision {
             id,
             outcome: Outcome::Rejected,
             rule: Some(rule),
-            reason,
+            reason: reason.into(),
             would_reject: None,
             depth: 0,
             turn: 0,
@@ -218,6 +220,24 @@ impl Judge {
         Some(decision)
     }
 
+    /// Hash of the normalised content, built in a per-thread buffer so the
+    /// hot path allocates nothing for it.
+    fn content_hash(&self, content: &str) -> u64 {
+        thread_local! {
+            static BUFFER: RefCell<String> = const { RefCell::new(String::new()) };
+        }
+        BUFFER.with(|buffer| {
+            let mut buffer = buffer.borrow_mut();
+            buffer.clear();
+            normalize_into(content, &mut buffer);
+            let hash = self.hasher.hash_one(buffer.as_str());
+            if buffer.capacity() > 64 * 1024 {
+                *buffer = String::new(); // do not keep a huge one around
+            }
+            hash
+        })
+    }
+
     fn observed_at(&self) -> String {
         rfc3339(self.clock.wall())
     }
@@ -270,7 +290,7 @@ impl Judge {
             env.parent_id.as_deref(),
             is_agent,
         );
-        let content_hash = self.hasher.hash_one(normalize(&env.content));
+        let content_hash = self.content_hash(&env.content);
 
         let mut d = Decision {
             world: Some(world.clone()),
@@ -279,7 +299,7 @@ impl Judge {
             id,
             outcome: Outcome::Approved,
             rule: None,
-            reason: String::new(),
+            reason: Cow::Borrowed(""),
             would_reject: None,
             depth: lineage.depth,
             turn: 0,
@@ -292,7 +312,10 @@ impl Judge {
         let route = if !is_agent {
             // Human and system messages are always approved and reset turns.
             w.reset_turns();
-            d.reason = format!("{kind} messages are always approved");
+            d.reason = Cow::Borrowed(match kind {
+                SenderKind::Human => "human messages are always approved",
+                _ => "system messages are always approved",
+            });
             routing::route(kind, &sender, &env.content, &w, now)
         } else if pass::is_pass(&env.content) {
             w.reset_turns();
@@ -300,7 +323,7 @@ impl Judge {
             d.outcome = Outcome::Edited;
             d.rule = Some(RuleName::Pass);
             d.handoff = Some(Handoff::Pass);
-            d.reason = format!("{sender} passed control to a human; turns reset");
+            d.reason = format!("{sender} passed control to a human; turns reset").into();
             Route::public()
         } else {
             let candidate = Candidate {
@@ -325,9 +348,10 @@ impl Judge {
                     d.reason = format!(
                         "observe mode: {} would reject: {}",
                         rejection.rule, rejection.reason
-                    );
+                    )
+                    .into();
                 }
-                (None, _) => d.reason = "passed every rule".to_string(),
+                (None, _) => d.reason = Cow::Borrowed("passed every rule"),
             }
             w.turns = d.turn;
             routing::route(kind, &sender, &env.content, &w, now)
@@ -337,7 +361,7 @@ impl Judge {
             id: &d.id,
             lineage: &lineage,
             content_hash: if d.outcome == Outcome::Edited {
-                self.hasher.hash_one(normalize(&env.content))
+                self.content_hash(&env.content)
             } else {
                 content_hash
             },
@@ -362,13 +386,15 @@ impl Judge {
     ) {
         d.outcome = Outcome::Rejected;
         d.rule = Some(rejection.rule);
-        d.reason = rejection.reason;
+        d.reason = rejection.reason.into();
         if rejection.rule == RuleName::Turns && !w.paused {
             w.paused = true;
             d.handoff = Some(Handoff::TurnLimit);
             d.reason
+                .to_mut()
                 .push_str("; a hand-back notice went to the public transcript");
-            let notice_id = msg_id(world, SenderKind::System, LOOPGUARD_SENDER, &d.id, "notice");
+            let key = message_key(world, SenderKind::Agent, &d.sender, &d.id);
+            let notice_id = copy_id(&key, "notice");
             let content = format!(
                 "@human the agents in {world} reached the limit of {} turns without a human; they are paused until a human or system message arrives",
                 w.settings.rules.turns.max
@@ -422,19 +448,25 @@ impl Judge {
             received_at: &d.observed_at,
             reason: None,
         });
+        // One name-based UUID per message; each copy adds its destination.
+        let key = message_key(world, kind, &d.sender, &d.id);
+        d.outbound
+            .reserve(route.inboxes.len() + usize::from(route.public) + 1);
         if route.public {
             d.outbound.push(Outbound {
                 subject: self.subjects.public(world),
-                msg_id: Some(msg_id(world, kind, &d.sender, &d.id, "public")),
+                msg_id: Some(copy_id(&key, "public")),
                 payload: body.clone(),
             });
             d.delivered_to.push("public".to_string());
         }
         for agent in &route.inboxes {
-            let dest = format!("private.{agent}");
+            let mut dest = String::with_capacity(8 + agent.as_str().len());
+            dest.push_str("private.");
+            dest.push_str(agent.as_str());
             d.outbound.push(Outbound {
                 subject: self.subjects.private(world, agent),
-                msg_id: Some(msg_id(world, kind, &d.sender, &d.id, &dest)),
+                msg_id: Some(copy_id(&key, &dest)),
                 payload: body.clone(),
             });
             d.delivered_to.push(dest);
@@ -447,11 +479,26 @@ fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
-/// The `Nats-Msg-Id` of one copy: a name-based UUID of everything that
-/// identifies the message and the destination.
-fn msg_id(world: &Name, kind: SenderKind, sender: &str, id: &str, dest: &str) -> String {
-    let key = [world.as_str(), kind.as_str(), sender, id, dest].join("\u{0}");
-    uuid::Uuid::new_v5(&MSG_ID_NAMESPACE, key.as_bytes()).to_string()
+/// What identifies one ingress message across processes: a name-based UUID
+/// of its world, sender and id (hashed, so no byte of a client-chosen id
+/// reaches a header).
+fn message_key(world: &Name, kind: SenderKind, sender: &str, id: &str) -> String {
+    let mut name = Vec::with_capacity(world.as_str().len() + sender.len() + id.len() + 10);
+    for part in [world.as_str(), kind.as_str(), sender, id] {
+        name.extend_from_slice(part.as_bytes());
+        name.push(0);
+    }
+    uuid::Uuid::new_v5(&MSG_ID_NAMESPACE, &name).to_string()
+}
+
+/// The `Nats-Msg-Id` of one copy: the message key and the destination
+/// (`public`, `private.<agent>`, `notice`), unique per copy and stable.
+fn copy_id(key: &str, dest: &str) -> String {
+    let mut id = String::with_capacity(key.len() + 1 + dest.len());
+    id.push_str(key);
+    id.push(':');
+    id.push_str(dest);
+    id
 }
 
 /// Serialises a payload. Serialising these types cannot fail (string keys,

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
+use crate::routing::Visibility;
 use crate::rules::RuleName;
 use crate::subject::SenderKind;
 
@@ -15,11 +16,9 @@ use crate::subject::SenderKind;
 #[derive(Clone)]
 pub struct Metrics {
     pub registry: Registry,
-    messages: IntCounterVec,
-    suppressed: IntCounterVec,
-    would_suppress: IntCounterVec,
-    handoffs: IntCounterVec,
-    deliveries: IntCounterVec,
+    /// Every labelled counter, resolved once per label value so that
+    /// counting on the hot path is one atomic add (no label hashing).
+    counters: Arc<Counters>,
     pub decision_duration: Histogram,
     pub worlds: IntGauge,
     pub nats_connected: IntGauge,
@@ -61,6 +60,16 @@ impl DropReason {
             DropReason::PublishError => "publish_error",
         }
     }
+}
+
+struct Counters {
+    /// `[kind][outcome]`
+    messages: [[IntCounter; 3]; 3],
+    /// by `RuleName as usize`
+    suppressed: Vec<IntCounter>,
+    would_suppress: Vec<IntCounter>,
+    handoffs: [IntCounter; 2],
+    deliveries: [IntCounter; 2],
 }
 
 /// Rate limit of the drop log: one line per reason per interval.
@@ -164,6 +173,24 @@ impl Metrics {
             "Connections to NATS re-established after a loss.",
         )
         .expect("static counter");
+        let kinds = [SenderKind::Agent, SenderKind::Human, SenderKind::System];
+        let outcomes = [Outcome::Approved, Outcome::Edited, Outcome::Rejected];
+        let counters = Counters {
+            messages: kinds
+                .map(|k| outcomes.map(|o| messages.with_label_values(&[k.as_str(), o.as_str()]))),
+            suppressed: RuleName::ALL
+                .iter()
+                .map(|r| suppressed.with_label_values(&[r.as_str()]))
+                .collect(),
+            would_suppress: RuleName::ALL
+                .iter()
+                .map(|r| would_suppress.with_label_values(&[r.as_str()]))
+                .collect(),
+            handoffs: [Handoff::TurnLimit, Handoff::Pass]
+                .map(|h| handoffs.with_label_values(&[h.as_str()])),
+            deliveries: [Visibility::Public, Visibility::Private]
+                .map(|v| deliveries.with_label_values(&[v.as_str()])),
+        };
         let dropped = counter_vec(
             "loopguard_dropped_total",
             "Messages lost or outputs not sent, by reason (a lower bound for slow consumers).",
@@ -193,11 +220,7 @@ impl Metrics {
         }
         Metrics {
             registry,
-            messages,
-            suppressed,
-            would_suppress,
-            handoffs,
-            deliveries,
+            counters: Arc::new(counters),
             decision_duration,
             worlds,
             nats_connected,
@@ -236,30 +259,24 @@ impl Metrics {
     }
 
     pub fn message(&self, kind: SenderKind, outcome: Outcome) {
-        self.messages
-            .with_label_values(&[kind.as_str(), outcome.as_str()])
-            .inc();
+        self.counters.messages[kind as usize][outcome as usize].inc();
     }
 
     pub fn suppressed(&self, rule: RuleName) {
-        self.suppressed.with_label_values(&[rule.as_str()]).inc();
+        self.counters.suppressed[rule as usize].inc();
     }
 
     pub fn would_suppress(&self, rule: RuleName) {
-        self.would_suppress
-            .with_label_values(&[rule.as_str()])
-            .inc();
+        self.counters.would_suppress[rule as usize].inc();
     }
 
     pub fn handoff(&self, reason: Handoff) {
-        self.handoffs.with_label_values(&[reason.as_str()]).inc();
+        self.counters.handoffs[reason as usize].inc();
     }
 
-    pub fn deliveries(&self, visibility: crate::routing::Visibility, n: usize) {
+    pub fn deliveries(&self, visibility: Visibility, n: usize) {
         if n > 0 {
-            self.deliveries
-                .with_label_values(&[visibility.as_str()])
-                .inc_by(n as u64);
+            self.counters.deliveries[visibility as usize].inc_by(n as u64);
         }
     }
 }

@@ -13,9 +13,37 @@
 /// The normalised form of `content`.
 pub fn normalize(content: &str) -> String {
     let mut out = String::with_capacity(content.len());
+    normalize_into(content, &mut out);
+    out
+}
+
+/// Appends the normalised form of `content` to `out` (the hot path reuses
+/// one buffer). ASCII content, the common case, skips char decoding; both
+/// paths produce the same text.
+pub fn normalize_into(content: &str, out: &mut String) {
+    let start = out.len();
     for paragraph in content.split('\n') {
-        for word in strip_leading_mentions(paragraph).split_whitespace() {
-            if !out.is_empty() {
+        let rest = strip_leading_mentions(paragraph);
+        if rest.is_ascii() {
+            // `char::is_whitespace` on ASCII: space, \t, \n, \x0B, \x0C, \r.
+            let is_space = |b: u8| b == b' ' || (b'\t'..=b'\r').contains(&b);
+            for word in rest
+                .as_bytes()
+                .split(|&b| is_space(b))
+                .filter(|w| !w.is_empty())
+            {
+                if out.len() > start {
+                    out.push(' ');
+                }
+                let at = out.len();
+                // ASCII bytes are valid UTF-8 on their own.
+                out.push_str(std::str::from_utf8(word).unwrap_or_default());
+                out[at..].make_ascii_lowercase();
+            }
+            continue;
+        }
+        for word in rest.split_whitespace() {
+            if out.len() > start {
                 out.push(' ');
             }
             for c in word.chars() {
@@ -27,7 +55,6 @@ pub fn normalize(content: &str) -> String {
             }
         }
     }
-    out
 }
 
 /// `p` without its leading whitespace and paragraph-start `@token` run.
@@ -65,6 +92,19 @@ mod tests {
         assert_eq!(normalize(""), "");
         assert_eq!(normalize("@bob"), "");
         assert_eq!(normalize(" \n @a \n"), "");
+    }
+
+    #[test]
+    fn the_ascii_fast_path_agrees_with_the_unicode_path() {
+        // Same words, once pure ASCII and once with a non-ASCII word that
+        // forces the Unicode path on its paragraph.
+        for (ascii, unicode) in [
+            ("A\x0bB\x0cC\rD  E\tF", "A\x0bB\x0cC\rD  E\tF \u{e9}"),
+            ("@bob Hello   WORLD", "@bob Hello   WORLD \u{e9}"),
+        ] {
+            assert_eq!(normalize(ascii) + " \u{e9}", normalize(unicode));
+        }
+        assert_eq!(normalize("A\x0bB"), "a b", "vertical tab is whitespace");
     }
 
     #[test]

@@ -104,15 +104,31 @@ impl Subjects {
     }
 
     pub fn public(&self, world: &Name) -> String {
-        format!("{}.public.{world}", self.prefix)
+        self.build(".public.", world, None)
     }
 
     pub fn private(&self, world: &Name, agent: &Name) -> String {
-        format!("{}.private.{world}.{agent}", self.prefix)
+        self.build(".private.", world, Some(agent))
     }
 
     pub fn events(&self, world: &Name) -> String {
-        format!("{}.events.{world}", self.prefix)
+        self.build(".events.", world, None)
+    }
+
+    /// `P<verb>W[.A]`, in one allocation (this runs for every copy).
+    fn build(&self, verb: &str, world: &Name, agent: Option<&Name>) -> String {
+        let agent = agent.map_or("", Name::as_str);
+        let mut s = String::with_capacity(
+            self.prefix.len() + verb.len() + world.as_str().len() + 1 + agent.len(),
+        );
+        s.push_str(&self.prefix);
+        s.push_str(verb);
+        s.push_str(world.as_str());
+        if !agent.is_empty() {
+            s.push('.');
+            s.push_str(agent);
+        }
+        s
     }
 
     /// Reads an ingress subject. Only subjects under the two wildcards reach

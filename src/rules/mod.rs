@@ -39,6 +39,18 @@ pub enum RuleName {
 }
 
 impl RuleName {
+    /// Every rule name, in declaration order (`RuleName as usize` indexes it).
+    pub const ALL: [RuleName; 8] = [
+        RuleName::Invalid,
+        RuleName::TooLarge,
+        RuleName::Pass,
+        RuleName::Turns,
+        RuleName::Depth,
+        RuleName::Duplicate,
+        RuleName::Cooldown,
+        RuleName::Rate,
+    ];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             RuleName::Invalid => "invalid",
@@ -248,6 +260,13 @@ mod tests {
             first_failure(&cx).map(|r| r.rule),
             Some(RuleName::Duplicate)
         );
+    }
+
+    #[test]
+    fn all_lists_every_rule_at_its_own_index() {
+        for (i, r) in RuleName::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i);
+        }
     }
 
     #[test]

@@ -1,0 +1,108 @@
+//! Criterion micro-benchmarks: one in-process decision end to end (subject
+//! parse, envelope, every rule, routing, serialisation of every copy and the
+//! event), and the mention parser. The decision benchmark also times 200,000
+//! single decisions and prints their percentiles, since the target is a p99.
+//!
+//!   cargo bench --bench decision
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use loopguard::clock::SystemClock;
+use loopguard::config::Config;
+use loopguard::judge::Judge;
+use loopguard::metrics::Metrics;
+
+const WORLDS: usize = 10_000;
+
+/// The relay benchmark's rules: all on, limits the workload stays under.
+fn judge(events: bool) -> Judge {
+    let mut c = Config::default();
+    c.events.approved = events;
+    c.state.max_worlds = 200_000;
+    c.rules.cooldown.seconds = 1;
+    c.rules.rate.max = 1000;
+    Judge::new(
+        Arc::new(c.validate().unwrap()),
+        Arc::new(SystemClock),
+        Metrics::new(),
+    )
+}
+
+/// Agent and human messages over many worlds, contents unique, ~200 bytes.
+fn inputs(n: usize) -> Vec<(String, Vec<u8>)> {
+    let filler = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore et dolore magna aliqua ut enim ad minim veniam";
+    (0..n)
+        .map(|i| {
+            let (world, k) = (i % WORLDS, i / WORLDS);
+            if k % 5 == 4 {
+                (
+                    format!("chat.raw.w{world}.human.h"),
+                    format!("{{\"id\":\"{i}\",\"content\":\"question {i}: {filler}\"}}"),
+                )
+            } else {
+                let (agent, next) = (k % 4, (k + 1) % 4);
+                (
+                    format!("chat.raw.w{world}.agent.a{agent}"),
+                    format!("{{\"id\":\"{i}\",\"content\":\"@a{next} answer {i}: {filler}\"}}"),
+                )
+            }
+        })
+        .map(|(s, p)| (s, p.into_bytes()))
+        .collect()
+}
+
+fn decision(c: &mut Criterion) {
+    for events in [false, true] {
+        let judge = judge(events);
+        let inputs = inputs(400_000);
+        let mut i = 0;
+        c.bench_function(&format!("decision (events.approved = {events})"), |b| {
+            b.iter(|| {
+                let (subject, payload) = &inputs[i % inputs.len()];
+                i += 1;
+                let origin = judge.subjects().parse(subject);
+                judge.decide(origin, payload, None)
+            })
+        });
+    }
+
+    // Percentiles of single decisions, on a fresh judge and fresh inputs.
+    let judge = judge(true);
+    let inputs = inputs(200_000);
+    let mut times: Vec<u64> = inputs
+        .iter()
+        .map(|(subject, payload)| {
+            let start = Instant::now();
+            let origin = judge.subjects().parse(subject);
+            std::hint::black_box(judge.decide(origin, payload, None));
+            start.elapsed().as_nanos() as u64
+        })
+        .collect();
+    times.sort_unstable();
+    let pct =
+        |p: f64| times[((times.len() as f64 * p) as usize).min(times.len() - 1)] as f64 / 1000.0;
+    println!(
+        "single decisions (n = {}, all events on): p50 {:.2} µs, p99 {:.2} µs, p99.9 {:.2} µs, max {:.2} µs",
+        times.len(),
+        pct(0.5),
+        pct(0.99),
+        pct(0.999),
+        *times.last().unwrap() as f64 / 1000.0
+    );
+}
+
+fn mentions(c: &mut Criterion) {
+    let text = "@alice, @bob please review the plan\nI think @carol had a point about a@b.com\n  @dave: and you?";
+    c.bench_function("mentions::scan (3 paragraphs, 4 leading + 1 inline)", |b| {
+        b.iter(|| loopguard::mentions::scan(std::hint::black_box(text)))
+    });
+    let plain = "no mentions here, just a plain sentence of about eighty characters in total ok";
+    c.bench_function("mentions::scan (no mention)", |b| {
+        b.iter(|| loopguard::mentions::scan(std::hint::black_box(plain)))
+    });
+}
+
+criterion_group!(benches, decision, mentions);
+criterion_main!(benches);

@@ -1,0 +1,536 @@
+//! `make bench`: loopguard beside its baselines, on one workload, in one run.
+//!
+//! Set-ups, each fed by the same open-loop producer through one nats-server on
+//! loopback:
+//! - (a) direct: producers publish straight to the egress subjects — the
+//!   server's own ceiling on this machine;
+//! - (b) bare relay: `examples/bare_relay.rs`, subscribe `chat.raw.>` and
+//!   republish each payload unchanged — the floor any relay pays;
+//! - (c1) loopguard, every rule on, `events.approved = false`;
+//! - (c2) loopguard, every rule on, every event published.
+//!
+//! Workload: 100,000 worlds, four agents each, a human message after every
+//! four agent messages (a broadcast to the four inboxes), agent messages that
+//! @mention the next agent (one inbox copy), ~200-byte unique contents, and
+//! one agent message in ten repeating the previous one, so loopguard rejects
+//! ~10% (as `duplicate`) and approves ~90%.
+//!
+//! For each set-up: the highest open-loop rate sustained with < 0.1% loss and
+//! p99 < 50 ms; latency percentiles at a common moderate rate; CPU µs per
+//! message of the relay process (from /proc); its peak resident memory; and,
+//! for loopguard, the slow-consumer drops it counted. Printed as a markdown
+//! section (`make bench` keeps it in docs/benchmarks.md). Numbers are only
+//! comparable within one run: server, producer and relay share the CPUs.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+const WORLDS: u64 = 100_000;
+const AGENTS: u64 = 4;
+/// Sending time of one measured step.
+const STEP: Duration = Duration::from_secs(3);
+/// After the last send, how long stragglers may take.
+const DRAIN: Duration = Duration::from_millis(1500);
+const MAX_LOSS: f64 = 0.001;
+const MAX_P99: Duration = Duration::from_millis(50);
+/// The common moderate rate for latency and CPU comparisons.
+const COMMON_RATE: u64 = 20_000;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Setup {
+    Direct,
+    BareRelay,
+    LoopguardQuiet,
+    LoopguardEvents,
+}
+
+impl Setup {
+    fn label(self) -> &'static str {
+        match self {
+            Setup::Direct => "(a) direct to egress",
+            Setup::BareRelay => "(b) bare relay",
+            Setup::LoopguardQuiet => "(c1) loopguard, approved events off",
+            Setup::LoopguardEvents => "(c2) loopguard, all events",
+        }
+    }
+    fn is_loopguard(self) -> bool {
+        matches!(self, Setup::LoopguardQuiet | Setup::LoopguardEvents)
+    }
+}
+
+/// Message `seq` of the workload: (ingress subject, egress subject for the
+/// direct set-up, payload, whether loopguard should approve it).
+fn message(run: u64, seq: u64) -> (String, String, String, bool) {
+    let world = seq % WORLDS;
+    let k = seq / WORLDS; // position in the world's own conversation
+    let filler = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore et dolore magna aliqua ut enim ad minim veniam quis nostrud";
+    if k % 5 == 4 {
+        let payload =
+            format!("{{\"id\":\"{seq}\",\"content\":\"run {run} question {seq}: {filler}\"}}");
+        return (
+            format!("chat.raw.w{world}.human.h"),
+            format!("chat.public.w{world}"),
+            payload,
+            true,
+        );
+    }
+    let agent = k % AGENTS;
+    let next = (agent + 1) % AGENTS;
+    // One agent message in ten repeats the previous agent message's text.
+    let (text_seq, approved) = if k % 10 == 7 {
+        (seq - WORLDS, false)
+    } else {
+        (seq, true)
+    };
+    let payload = format!(
+        "{{\"id\":\"{seq}\",\"content\":\"@a{next} run {run} answer {text_seq}: {filler}\"}}"
+    );
+    (
+        format!("chat.raw.w{world}.agent.a{agent}"),
+        format!("chat.public.w{world}"),
+        payload,
+        approved,
+    )
+}
+
+/// Extracts the numeric `"id":"…"` of a payload.
+fn id_of(payload: &[u8]) -> Option<u64> {
+    let at = payload.windows(6).position(|w| w == b"\"id\":\"")? + 6;
+    let end = payload[at..].iter().position(|&b| b == b'"')? + at;
+    std::str::from_utf8(&payload[at..end]).ok()?.parse().ok()
+}
+
+struct Outcome {
+    rate: u64,
+    offered: u64,
+    loss: f64,
+    p50: Duration,
+    p99: Duration,
+    p999: Duration,
+}
+
+impl Outcome {
+    fn passes(&self) -> bool {
+        self.loss < MAX_LOSS && self.p99 < MAX_P99
+    }
+}
+
+/// Sends `rate` msg/s for STEP, open loop, and measures loss and latency.
+async fn step(url: &str, setup: Setup, rate: u64, run: u64) -> Result<Outcome, Error> {
+    let total = rate * STEP.as_secs();
+    let sent_at: Arc<Vec<AtomicU64>> = Arc::new((0..total).map(|_| AtomicU64::new(0)).collect());
+    let seen: Arc<Vec<AtomicBool>> = Arc::new((0..total).map(|_| AtomicBool::new(false)).collect());
+    let expected: u64 = (0..total)
+        .filter(|&s| !setup.is_loopguard() || message(run, s).3)
+        .count() as u64;
+    let start = Instant::now();
+
+    let consumer = async_nats::ConnectOptions::new()
+        .subscription_capacity(1 << 22)
+        .connect(url)
+        .await?;
+    let mut public = consumer.subscribe("chat.public.>").await?;
+    let mut private = consumer.subscribe("chat.private.>").await?;
+    let mut events = consumer.subscribe("chat.events.>").await?;
+    consumer.flush().await?;
+    let latencies = Arc::new(std::sync::Mutex::new(Vec::with_capacity(total as usize)));
+    let record = {
+        let (sent_at, seen, latencies) = (sent_at.clone(), seen.clone(), latencies.clone());
+        move |payload: &[u8]| {
+            let Some(id) = id_of(payload) else { return };
+            let Some(flag) = seen.get(id as usize) else {
+                return;
+            };
+            if !flag.swap(true, Ordering::Relaxed) {
+                let now = start.elapsed().as_nanos() as u64;
+                let sent = sent_at[id as usize].load(Ordering::Relaxed);
+                latencies.lock().unwrap().push(now.saturating_sub(sent));
+            }
+        }
+    };
+    let collector = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                Some(m) = public.next() => record(&m.payload),
+                Some(m) = private.next() => record(&m.payload),
+                Some(_) = events.next() => {}
+                else => break,
+            }
+        }
+    });
+
+    let producer = async_nats::connect(url).await?;
+    let mut sent = 0u64;
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    while sent < total {
+        tick.tick().await;
+        let due = ((start.elapsed().as_nanos() * rate as u128) / 1_000_000_000) as u64;
+        while sent < due.min(total) {
+            let (subject, direct, payload, _) = message(run, sent);
+            let subject = if setup == Setup::Direct {
+                direct
+            } else {
+                subject
+            };
+            sent_at[sent as usize].store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            producer.publish(subject, payload.into()).await?;
+            sent += 1;
+        }
+    }
+    producer.flush().await?;
+    let sending = start.elapsed();
+    // Stragglers: until everything expected arrived, or the drain time is up.
+    let deadline = Instant::now() + DRAIN;
+    while Instant::now() < deadline && (latencies.lock().unwrap().len() as u64) < expected {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    collector.abort();
+    let mut l = std::mem::take(&mut *latencies.lock().unwrap());
+    l.sort_unstable();
+    let pct = |p: f64| -> Duration {
+        if l.is_empty() {
+            return Duration::MAX;
+        }
+        Duration::from_nanos(l[((l.len() as f64 * p) as usize).min(l.len() - 1)])
+    };
+    Ok(Outcome {
+        rate: (total as f64 / sending.as_secs_f64()) as u64,
+        offered: rate,
+        loss: 1.0 - l.len() as f64 / expected as f64,
+        p50: pct(0.50),
+        p99: pct(0.99),
+        p999: pct(0.999),
+    })
+}
+
+/// A relay process under test, and what /proc says about it.
+struct Relay {
+    child: Child,
+    http: Option<String>,
+}
+
+impl Relay {
+    fn start(setup: Setup, url: &str, dir: &std::path::Path) -> Result<Option<Relay>, Error> {
+        let root = env!("CARGO_MANIFEST_DIR");
+        match setup {
+            Setup::Direct => Ok(None),
+            Setup::BareRelay => {
+                let child = Command::new(format!("{root}/target/release/examples/bare_relay"))
+                    .arg(url)
+                    .stderr(Stdio::null())
+                    .spawn()?;
+                Ok(Some(Relay { child, http: None }))
+            }
+            Setup::LoopguardQuiet | Setup::LoopguardEvents => {
+                let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                    .local_addr()?
+                    .port();
+                let config = dir.join("bench.toml");
+                std::fs::write(
+                    &config,
+                    format!(
+                        "[nats]\nurl = \"{url}\"\nsubscription_capacity = 1048576\n\
+                         [http]\nlisten = \"127.0.0.1:{port}\"\n\
+                         [events]\napproved = {}\n[state]\nmax_worlds = 200000\n\
+                         [log]\nlevel = \"warn\"\n\
+                         [rules.turns]\nmax = 20\n[rules.depth]\nmax = 8\n\
+                         [rules.duplicate]\nwindow_seconds = 300\n[rules.cooldown]\nseconds = 1\n\
+                         [rules.rate]\nmax = 1000\nwindow_seconds = 60\n",
+                        setup == Setup::LoopguardEvents
+                    ),
+                )?;
+                let child = Command::new(env!("CARGO_BIN_EXE_loopguard"))
+                    .arg("--config")
+                    .arg(&config)
+                    .env_remove("RUST_LOG")
+                    .stderr(Stdio::null())
+                    .spawn()?;
+                Ok(Some(Relay {
+                    child,
+                    http: Some(format!("127.0.0.1:{port}")),
+                }))
+            }
+        }
+    }
+
+    /// user + system CPU time so far.
+    fn cpu(&self) -> Result<Duration, Error> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .ok_or("stat")?
+            .1
+            .split_whitespace()
+            .collect();
+        let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+        Ok(Duration::from_secs_f64(ticks as f64 / clock_ticks() as f64))
+    }
+
+    fn peak_rss_mib(&self) -> Result<f64, Error> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let kib: f64 = status
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .ok_or("VmHWM")?
+            .parse()?;
+        Ok(kib / 1024.0)
+    }
+
+    async fn dropped(&self) -> Result<f64, Error> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let Some(addr) = &self.http else {
+            return Ok(0.0);
+        };
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).await?;
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with("loopguard_dropped_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn clock_ticks() -> u64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100)
+}
+
+/// Waits until a message sent through the set-up comes out.
+async fn until_ready(url: &str, setup: Setup) -> Result<(), Error> {
+    let client = async_nats::connect(url).await?;
+    let mut out = client.subscribe("chat.public.ready").await?;
+    client.flush().await?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let subject = if setup == Setup::Direct {
+        "chat.public.ready"
+    } else {
+        "chat.raw.ready.system.bench"
+    };
+    loop {
+        client
+            .publish(subject, "{\"content\":\"ready?\"}".into())
+            .await?;
+        if tokio::time::timeout(Duration::from_millis(200), out.next())
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{} never became ready", setup.label()).into());
+        }
+    }
+}
+
+struct Row {
+    setup: Setup,
+    max: Outcome,
+    common: Outcome,
+    cpu_us: Option<f64>,
+    rss: Option<f64>,
+    dropped: f64,
+}
+
+async fn measure(
+    url: &str,
+    setup: Setup,
+    dir: &std::path::Path,
+    run: &mut u64,
+) -> Result<Row, Error> {
+    // Latency and CPU at the common rate, on a fresh process.
+    let relay = Relay::start(setup, url, dir)?;
+    until_ready(url, setup).await?;
+    let cpu_before = relay.as_ref().map(|r| r.cpu()).transpose()?;
+    *run += 1;
+    let common = step(url, setup, COMMON_RATE, *run).await?;
+    let cpu_us = match (&relay, cpu_before) {
+        (Some(r), Some(before)) => {
+            Some((r.cpu()? - before).as_secs_f64() * 1e6 / (COMMON_RATE * STEP.as_secs()) as f64)
+        }
+        _ => None,
+    };
+    drop(relay);
+
+    // The highest sustained rate: grow by 25% until a step fails.
+    let mut rate = 40_000;
+    let mut best: Option<Outcome> = None;
+    let mut rss = None;
+    let mut dropped = 0.0;
+    loop {
+        let relay = Relay::start(setup, url, dir)?;
+        until_ready(url, setup).await?;
+        *run += 1;
+        let o = step(url, setup, rate, *run).await?;
+        eprintln!(
+            "  {:<38} offered {:>7}/s sent {:>7}/s loss {:>6.3}% p99 {:>8.2?} {}",
+            setup.label(),
+            o.offered,
+            o.rate,
+            o.loss * 100.0,
+            o.p99,
+            if o.passes() { "ok" } else { "FAIL" }
+        );
+        if !o.passes() || o.rate < o.offered * 95 / 100 {
+            break;
+        }
+        if let Some(r) = &relay {
+            rss = Some(r.peak_rss_mib()?);
+            dropped = r.dropped().await?;
+        }
+        best = Some(o);
+        rate = rate * 5 / 4;
+        if rate > 1_000_000 {
+            break;
+        }
+    }
+    let max = best.ok_or_else(|| format!("{} failed even at the lowest rate", setup.label()))?;
+    Ok(Row {
+        setup,
+        max,
+        common,
+        cpu_us,
+        rss,
+        dropped,
+    })
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64() * 1e3)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    if std::env::args().any(|a| a == "--list" || a == "--test") {
+        return Ok(()); // `cargo test --benches` probes; nothing to run.
+    }
+    let dir = tempfile::tempdir()?;
+    let nats_bin = ["nats-server", "/usr/sbin/nats-server"]
+        .into_iter()
+        .find(|b| Command::new(b).arg("--version").output().is_ok())
+        .ok_or("nats-server not found")?;
+    let mut nats = Command::new(nats_bin)
+        .args(["-a", "127.0.0.1", "-p", "-1", "--ports_file_dir"])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let ports = dir.path().join(format!("nats-server_{}.ports", nats.id()));
+    let url = loop {
+        if let Ok(text) = std::fs::read_to_string(&ports) {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
+                break v["nats"][0].as_str().ok_or("ports file")?.to_string();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+
+    let mut run = 0;
+    let mut rows = Vec::new();
+    for setup in [
+        Setup::Direct,
+        Setup::BareRelay,
+        Setup::LoopguardQuiet,
+        Setup::LoopguardEvents,
+    ] {
+        eprintln!("{}", setup.label());
+        rows.push(measure(&url, setup, dir.path(), &mut run).await?);
+    }
+    let _ = nats.kill();
+
+    let machine = format!(
+        "{} CPUs ({}), {} GiB",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(
+                |c| c.lines().find(|l| l.starts_with("model name")).map(|l| l
+                    .split(':')
+                    .nth(1)
+                    .unwrap_or("")
+                    .trim()
+                    .to_string())
+            )
+            .unwrap_or_default(),
+        std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| m
+                .lines()
+                .next()?
+                .split_whitespace()
+                .nth(1)?
+                .parse::<u64>()
+                .ok())
+            .map_or(0, |kib| kib / 1024 / 1024)
+    );
+    let date = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
+    println!("## Relay benchmark — {date}\n");
+    println!("Machine: {machine}; nats-server, producer, consumer and relay share it.");
+    println!("Workload: {WORLDS} worlds × {AGENTS} agents, a human message after every 4 agent messages, @mentions, ~200-byte unique contents, 10% duplicates (loopguard approves ~90%). Steps of {}s; sustained = loss < 0.1% and p99 < 50 ms; latency at {COMMON_RATE} msg/s.\n", STEP.as_secs());
+    println!("| set-up | max sustained msg/s | p50 ms | p99 ms | p99.9 ms | relay CPU µs/msg | relay peak RSS MiB | loopguard drops |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.setup.label(),
+            r.max.rate,
+            ms(r.common.p50),
+            ms(r.common.p99),
+            ms(r.common.p999),
+            r.cpu_us.map_or("—".into(), |c| format!("{c:.2}")),
+            r.rss.map_or("—".into(), |m| format!("{m:.1}")),
+            if r.setup.is_loopguard() {
+                format!("{}", r.dropped)
+            } else {
+                "—".into()
+            }
+        );
+    }
+    let get = |s: Setup| rows.iter().find(|r| r.setup == s).expect("measured");
+    let (b, c1, c2) = (
+        get(Setup::BareRelay),
+        get(Setup::LoopguardQuiet),
+        get(Setup::LoopguardEvents),
+    );
+    println!();
+    println!("| ratio | value | target |");
+    println!("|---|---:|---|");
+    println!(
+        "| (c1)/(b) sustained rate | {:.2} | ≥ 0.90 |",
+        c1.max.rate as f64 / b.max.rate as f64
+    );
+    println!(
+        "| (c2)/(b) sustained rate | {:.2} | ≥ 0.60 |",
+        c2.max.rate as f64 / b.max.rate as f64
+    );
+    if let (Some(x), Some(y)) = (c1.cpu_us, b.cpu_us) {
+        println!("| (c1)/(b) CPU per message | {:.2} | ≤ 1.5 |", x / y);
+    }
+    if let (Some(x), Some(y)) = (c2.cpu_us, b.cpu_us) {
+        println!("| (c2)/(b) CPU per message | {:.2} | — |", x / y);
+    }
+    Ok(())
+}
