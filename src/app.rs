@@ -125,9 +125,9 @@ pub async fn run(
         mode = ?config.mode, jetstream = jetstream.enabled, "subscribed"
     );
 
-    let workers = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .max(2);
+    // With one runtime thread, two workers still let one world's slow
+    // publish overlap another's decision; with more threads, one per thread.
+    let workers = config.runtime.threads.max(2);
     let publisher = Publisher::new(client.clone(), metrics.clone());
     let replay = jetstream
         .enabled

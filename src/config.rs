@@ -60,6 +60,7 @@ pub struct Config {
     pub rules: RulesConfig,
     pub shutdown: ShutdownConfig,
     pub log: LogConfig,
+    pub runtime: RuntimeConfig,
     /// Per-world overrides, keyed by world name. Not settable from the
     /// environment (contract §6).
     pub worlds: BTreeMap<String, WorldOverride>,
@@ -455,6 +456,23 @@ impl Default for ShutdownConfig {
     }
 }
 
+/// Threads of the async runtime.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// 1: everything on one thread, which measured the least CPU per message
+    /// (hand-offs between tasks cost no cross-thread wake-ups; see
+    /// docs/benchmarks.md). More: a multi-threaded runtime, so the workers
+    /// of different worlds decide in parallel on machines with cores to spare.
+    pub threads: usize,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig { threads: 1 }
+    }
+}
+
 /// How log lines look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -656,6 +674,9 @@ impl Config {
                 "log.level",
                 format!("{:?} is not a log filter: {e}", self.log.level),
             ));
+        }
+        if self.runtime.threads == 0 || self.runtime.threads > 1024 {
+            return Err(invalid("runtime.threads", "must be 1 to 1024"));
         }
         if self.shutdown.grace_seconds == 0 {
             return Err(invalid("shutdown.grace_seconds", "must be at least 1"));

@@ -54,7 +54,18 @@ fn main() -> ExitCode {
 
     init_logs(&settings.config.log);
 
-    let runtime = match tokio::runtime::Runtime::new() {
+    let threads = settings.config.runtime.threads;
+    let runtime = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+    };
+    let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("loopguard: cannot start the runtime: {e}");

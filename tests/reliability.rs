@@ -142,7 +142,12 @@ async fn kill_9_mid_stream_then_restart_leaves_every_approved_message_exactly_on
     setup.kill9();
     publish_messages(&js, 0..N).await;
 
-    let mut first = Loopguard::spawn(&nats.url(), JS_CONFIG);
+    // Two runtime threads: publishes and acknowledgements interleave across
+    // threads, so a kill lands between "published" and "acknowledged" for
+    // some messages, and their redelivery exercises deduplication. (On one
+    // thread that window is so short a kill rarely hits it.)
+    let killed_config = format!("[runtime]\nthreads = 2\n{JS_CONFIG}");
+    let mut first = Loopguard::spawn(&nats.url(), &killed_config);
     // Kill it once a tenth is out: mid-stream, with work in flight.
     within("a tenth of the egress", async {
         while stream_messages(&js, "EGRESS").await < (N / 10) as u64 {
@@ -157,7 +162,7 @@ async fn kill_9_mid_stream_then_restart_leaves_every_approved_message_exactly_on
         "killed too late to prove anything: {at_kill}"
     );
 
-    let second = Loopguard::spawn(&nats.url(), JS_CONFIG);
+    let second = Loopguard::spawn(&nats.url(), &killed_config);
     until_ready(&second).await;
     until_stream_holds(&js, "EGRESS", N as u64).await;
     until_ingest_acknowledged(&js, &second).await;

@@ -100,6 +100,9 @@ grace_seconds = {{ include "loopguard.toml" $c.shutdown.grace_seconds }}
 [log]
 format = {{ include "loopguard.toml" $c.log.format }}
 level = {{ include "loopguard.toml" $c.log.level }}
+
+[runtime]
+threads = {{ include "loopguard.toml" $c.runtime.threads }}
 {{- range $rule, $keys := $c.rules }}
 
 [rules.{{ $rule }}]
