@@ -488,7 +488,11 @@ fn message_key(world: &Name, kind: SenderKind, sender: &str, id: &str) -> String
         name.extend_from_slice(part.as_bytes());
         name.push(0);
     }
-    uuid::Uuid::new_v5(&MSG_ID_NAMESPACE, &name).to_string()
+    let mut buf = uuid::Uuid::encode_buffer();
+    uuid::Uuid::new_v5(&MSG_ID_NAMESPACE, &name)
+        .hyphenated()
+        .encode_lower(&mut buf)
+        .to_owned()
 }
 
 /// The `Nats-Msg-Id` of one copy: the message key and the destination

@@ -25,21 +25,23 @@ pub fn normalize_into(content: &str, out: &mut String) {
     for paragraph in content.split('\n') {
         let rest = strip_leading_mentions(paragraph);
         if rest.is_ascii() {
-            // `char::is_whitespace` on ASCII: space, \t, \n, \x0B, \x0C, \r.
-            let is_space = |b: u8| b == b' ' || (b'\t'..=b'\r').contains(&b);
-            for word in rest
-                .as_bytes()
-                .split(|&b| is_space(b))
-                .filter(|w| !w.is_empty())
-            {
-                if out.len() > start {
-                    out.push(' ');
+            // One pass over the bytes. `char::is_whitespace` on ASCII is
+            // space and \t, \n, \x0B, \x0C, \r.
+            let mut space = out.len() > start;
+            let mut bytes = std::mem::take(out).into_bytes();
+            for &b in rest.as_bytes() {
+                if b == b' ' || (b'\t'..=b'\r').contains(&b) {
+                    space = bytes.len() > start;
+                } else {
+                    if space {
+                        bytes.push(b' ');
+                        space = false;
+                    }
+                    bytes.push(b.to_ascii_lowercase());
                 }
-                let at = out.len();
-                // ASCII bytes are valid UTF-8 on their own.
-                out.push_str(std::str::from_utf8(word).unwrap_or_default());
-                out[at..].make_ascii_lowercase();
             }
+            // Only ASCII was appended to valid UTF-8, so this cannot fail.
+            *out = String::from_utf8(bytes).unwrap_or_default();
             continue;
         }
         for word in rest.split_whitespace() {
