@@ -508,7 +508,7 @@ async fn main() -> Result<(), Error> {
             r.cpu_us.map_or("—".into(), |c| format!("{c:.2}")),
             r.rss.map_or("—".into(), |m| format!("{m:.1}")),
             if r.setup.is_loopguard() {
-                format!("{}", r.dropped)
+                format!("{}", r.dropped as u64)
             } else {
                 "—".into()
             }

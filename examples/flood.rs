@@ -73,10 +73,7 @@ impl Flood {
             if i % 5_000 == 4_999 {
                 match joins {
                     Some(world) => {
-                        self.client
-                            .publish(format!("chat.join.{world}.barrier.x"), "".into())
-                            .await?;
-                        self.expected += 1;
+                        self.join_barrier(world).await?;
                         self.client.flush().await?;
                         self.wait_decided(self.expected).await?;
                     }
@@ -89,12 +86,7 @@ impl Flood {
             }
         }
         match joins {
-            Some(world) => {
-                self.client
-                    .publish(format!("chat.join.{world}.barrier.x"), "".into())
-                    .await?;
-                self.expected += 1;
-            }
+            Some(world) => self.join_barrier(world).await?,
             None => self.expected += n,
         }
         self.client.flush().await?;
@@ -108,6 +100,16 @@ impl Flood {
             rss_kib(self.pid)? as f64 / 1024.0,
             self.started.elapsed().as_secs_f64()
         );
+        Ok(())
+    }
+
+    /// An invalid join into `world`: decided (and counted) after every join
+    /// sent before it.
+    async fn join_barrier(&mut self, world: &str) -> Result<(), Error> {
+        self.client
+            .publish(format!("chat.join.{world}.barrier.x"), "".into())
+            .await?;
+        self.expected += 1;
         Ok(())
     }
 

@@ -168,12 +168,14 @@ impl Judge {
     }
 
     /// Decides one ingress message. `None` for a join, which only updates
-    /// the roster and produces no event.
+    /// the roster and produces no event. `fallback_id` is the message's id
+    /// when the payload names none: its `Nats-Msg-Id` header or, in
+    /// JetStream mode, its stream position.
     pub fn decide(
         &self,
         origin: Origin,
         payload: &[u8],
-        header_id: Option<&str>,
+        fallback_id: Option<&str>,
     ) -> Option<Decision> {
         let started = Instant::now();
         let mut decision = match origin {
@@ -189,7 +191,7 @@ impl Judge {
                 sender,
                 reason,
             } => {
-                let id = header_id.map_or_else(new_id, str::to_owned);
+                let id = fallback_id.map_or_else(new_id, str::to_owned);
                 Decision::rejected(
                     world,
                     kind,
@@ -204,7 +206,7 @@ impl Judge {
                 world,
                 kind,
                 sender,
-            } => self.decide_raw(world, kind, sender, payload, header_id),
+            } => self.decide_raw(world, kind, sender, payload, fallback_id),
         };
         if let Some(event) = events::report(
             &decision,
@@ -248,18 +250,18 @@ impl Judge {
         kind: SenderKind,
         sender: Name,
         payload: &[u8],
-        header_id: Option<&str>,
+        fallback_id: Option<&str>,
     ) -> Decision {
         let config = &self.settings.config;
         let received_at = self.observed_at();
-        let mut env = match envelope::parse(payload, header_id, config.limits.max_payload_bytes) {
+        let mut env = match envelope::parse(payload, fallback_id, config.limits.max_payload_bytes) {
             Ok(env) => env,
             Err(e) => {
                 let rule = match e {
                     EnvelopeError::TooLarge { .. } => RuleName::TooLarge,
                     _ => RuleName::Invalid,
                 };
-                let id = header_id.map_or_else(new_id, str::to_owned);
+                let id = fallback_id.map_or_else(new_id, str::to_owned);
                 return Decision::rejected(
                     Some(world),
                     Some(kind),

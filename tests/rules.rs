@@ -40,11 +40,7 @@ async fn turn_limit_rejects_and_sends_exactly_one_handback_until_a_human_speaks(
     }
     let out = h.settle("w").await;
     assert_eq!(out.public("w").len(), 3);
-    let turns: Vec<_> = out
-        .events("w")
-        .iter()
-        .map(|e| e.body["turn"].clone())
-        .collect();
+    let turns: Vec<_> = out.field("w", "turn");
     assert_eq!(turns, [json!(1), json!(2), json!(3)]);
 
     h.send_json("w", "agent", "alice", msg("turn 3")).await;
@@ -150,11 +146,7 @@ async fn pass_is_never_blocked_by_a_paused_world() {
     h.send_json("w", "agent", "bob", msg("<world>pass</world>"))
         .await;
     let out = h.settle("w").await;
-    let decisions: Vec<_> = out
-        .events("w")
-        .iter()
-        .map(|e| e.body["decision"].clone())
-        .collect();
+    let decisions: Vec<_> = out.field("w", "decision");
     assert_eq!(
         decisions,
         [json!("approved"), json!("rejected"), json!("edited")]
@@ -237,11 +229,7 @@ async fn cooldown_applies_per_agent() {
     h.send_json("w", "agent", "alice", msg("two")).await;
     h.send_json("w", "agent", "bob", msg("three")).await;
     let out = h.settle("w").await;
-    let rules: Vec<_> = out
-        .events("w")
-        .iter()
-        .map(|e| e.body["rule"].clone())
-        .collect();
+    let rules: Vec<_> = out.field("w", "rule");
     assert_eq!(rules, [json!(null), json!("cooldown"), json!(null)]);
 }
 
@@ -254,11 +242,7 @@ async fn rate_caps_each_agent_per_window() {
     }
     h.send_json("w", "agent", "bob", msg("b0")).await;
     let out = h.settle("w").await;
-    let rules: Vec<_> = out
-        .events("w")
-        .iter()
-        .map(|e| e.body["rule"].clone())
-        .collect();
+    let rules: Vec<_> = out.field("w", "rule");
     assert_eq!(
         rules,
         [json!(null), json!(null), json!("rate"), json!(null)]
@@ -309,11 +293,7 @@ async fn with_approved_events_off_only_edits_and_rejections_get_events() {
     h.send_json("w", "agent", "bob", msg("<world>pass</world>"))
         .await;
     let out = h.settle("w").await;
-    let decisions: Vec<_> = out
-        .events("w")
-        .iter()
-        .map(|e| e.body["decision"].clone())
-        .collect();
+    let decisions: Vec<_> = out.field("w", "decision");
     assert_eq!(decisions, [json!("rejected"), json!("edited")]);
     assert_eq!(out.public("w").len(), 3, "approved, notice, pass");
 }

@@ -309,6 +309,14 @@ impl Outputs {
     pub fn events(&self, world: &str) -> Vec<&Received> {
         self.on(&format!("chat.events.{world}"))
     }
+    /// `key` of every event of `world`, in order.
+    pub fn field(&self, world: &str, key: &str) -> Vec<Value> {
+        self.events(world)
+            .iter()
+            .map(|e| e.body[key].clone())
+            .collect()
+    }
+
     /// The single event of `world`, asserting there is exactly one.
     pub fn event(&self, world: &str) -> &Received {
         let events = self.events(world);
