@@ -511,6 +511,9 @@ pub struct RulesConfig {
     pub duplicate: DuplicateLimit,
     pub cooldown: CooldownLimit,
     pub rate: RateLimit,
+    pub alternation: AlternationLimit,
+    pub low_content: LowContentLimit,
+    pub budget: BudgetLimit,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -574,6 +577,108 @@ impl Default for RateLimit {
         RateLimit {
             max: 10,
             window_seconds: 60,
+        }
+    }
+}
+
+/// Rule 7, `alternation`: speaker cycles among agents since the last human
+/// or system message (A,B,A,B… or A,B,C,A,B,C…).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlternationLimit {
+    /// Longest cycle looked for (2 to 8).
+    pub max_period: u32,
+    /// Full repetitions of a cycle after which the next message continuing
+    /// it is rejected; 0 disables the rule.
+    pub max_cycles: u32,
+}
+
+impl Default for AlternationLimit {
+    fn default() -> Self {
+        AlternationLimit {
+            max_period: 3,
+            max_cycles: 0,
+        }
+    }
+}
+
+/// Rule 8, `low_content`: agent-to-agent messages without substance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LowContentLimit {
+    pub enabled: bool,
+    /// Fewer letters and digits than this (after normalisation) is no content.
+    pub min_chars: u32,
+    /// Whole messages that say nothing (compared after normalisation, with
+    /// punctuation and emoji removed).
+    pub phrases: Vec<String>,
+}
+
+impl Default for LowContentLimit {
+    fn default() -> Self {
+        let phrases = [
+            "ok",
+            "okay",
+            "k",
+            "yes",
+            "yep",
+            "sure",
+            "thanks",
+            "thank you",
+            "thanks a lot",
+            "ty",
+            "got it",
+            "noted",
+            "understood",
+            "agreed",
+            "i agree",
+            "sounds good",
+            "looks good",
+            "lgtm",
+            "great",
+            "perfect",
+            "nice",
+            "cool",
+            "will do",
+            "on it",
+            "done",
+            "standing by",
+            "ready when you are",
+            "acknowledged",
+            "ack",
+            "same here",
+            "me too",
+            "you too",
+            "no problem",
+            "np",
+            "of course",
+            "absolutely",
+            "exactly",
+            "indeed",
+        ];
+        LowContentLimit {
+            enabled: false,
+            min_chars: 2,
+            phrases: phrases.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+}
+
+/// Rule 9, `budget`: a long-window cap on agent messages per world, so a
+/// slow loop under every short limit still ends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BudgetLimit {
+    /// Approved agent messages per world per window; 0 disables the rule.
+    pub max: u32,
+    pub window_seconds: u64,
+}
+
+impl Default for BudgetLimit {
+    fn default() -> Self {
+        BudgetLimit {
+            max: 0,
+            window_seconds: 3600,
         }
     }
 }
@@ -675,6 +780,7 @@ impl Config {
                 format!("{:?} is not a log filter: {e}", self.log.level),
             ));
         }
+        validate_rules("rules", &self.rules)?;
         if self.runtime.threads == 0 || self.runtime.threads > 1024 {
             return Err(invalid("runtime.threads", "must be 1 to 1024"));
         }
@@ -695,6 +801,7 @@ impl Config {
             }
             let rules = merge_rules(&self.rules, &section.rules)
                 .map_err(|e| invalid(format!("{key}.rules"), e))?;
+            validate_rules(&format!("{key}.rules"), &rules)?;
             if worlds
                 .insert(world, Arc::new(WorldSettings { agents, rules }))
                 .is_some()
@@ -715,6 +822,35 @@ impl Config {
             worlds,
         })
     }
+}
+
+/// Checks the ranges a rule's type does not express.
+fn validate_rules(key: &str, rules: &RulesConfig) -> Result<(), ConfigError> {
+    if !(2..=8).contains(&rules.alternation.max_period) {
+        return Err(invalid(
+            format!("{key}.alternation.max_period"),
+            "must be 2 to 8",
+        ));
+    }
+    if rules.alternation.max_cycles > 32 {
+        return Err(invalid(
+            format!("{key}.alternation.max_cycles"),
+            "must be 0 to 32",
+        ));
+    }
+    if rules.budget.max as usize > crate::state::MAX_BUDGET_WINDOW {
+        return Err(invalid(
+            format!("{key}.budget.max"),
+            "must be at most 10000",
+        ));
+    }
+    if rules.low_content.phrases.len() > 1000 {
+        return Err(invalid(
+            format!("{key}.low_content.phrases"),
+            "at most 1000 phrases",
+        ));
+    }
+    Ok(())
 }
 
 /// The prefix is one or more subject tokens of `[A-Za-z0-9_-]`.

@@ -330,6 +330,8 @@ impl Judge {
         } else {
             let candidate = Candidate {
                 sender: &sender,
+                content: &env.content,
+                parent_is_agent: lineage.parent_is_agent,
                 depth: lineage.depth,
                 content_hash,
                 now,

@@ -22,6 +22,11 @@ pub const MAX_AGENTS: usize = 1024;
 pub const MAX_REMEMBERED: usize = 1024;
 /// Most contents held in a world's duplicate window.
 pub const MAX_DUPLICATE_WINDOW: usize = 1024;
+/// Most agent speakers remembered since the last human or system message
+/// (the longest cycle, 8, times the most repetitions, 32, plus one).
+pub const MAX_SPEAKERS: usize = 8 * 33;
+/// Most approval times held for the `budget` rule (its `max` is capped too).
+pub const MAX_BUDGET_WINDOW: usize = 10_000;
 
 /// One agent known to a world.
 #[derive(Debug, Clone)]
@@ -55,6 +60,8 @@ impl Agent {
 pub struct Remembered {
     pub depth: u32,
     pub thread_id: Arc<str>,
+    /// Sent by an agent (the `low_content` rule judges agent-to-agent replies).
+    pub agent: bool,
 }
 
 /// The resolved place of a new message in its world's threads.
@@ -63,6 +70,8 @@ pub struct Lineage {
     pub parent_id: Option<Arc<str>>,
     pub thread_id: Arc<str>,
     pub depth: u32,
+    /// The parent was an agent's message.
+    pub parent_is_agent: bool,
 }
 
 /// All state of one world.
@@ -83,6 +92,10 @@ pub struct WorldState {
     latest: Option<Arc<str>>,
     /// (approved at, hash of normalised content), oldest first.
     contents: VecDeque<(Instant, u64)>,
+    /// Agents that spoke since the last human or system message, in order.
+    speakers: VecDeque<Name>,
+    /// Times of the world's recent approved agent messages (for `budget`).
+    agent_approvals: VecDeque<Instant>,
     idle: Duration,
 }
 
@@ -103,6 +116,8 @@ impl WorldState {
             thread_latest: HashMap::new(),
             latest: None,
             contents: VecDeque::new(),
+            speakers: VecDeque::new(),
+            agent_approvals: VecDeque::new(),
             idle,
         }
     }
@@ -168,6 +183,7 @@ impl WorldState {
                 parent_id: parent_id.map(Arc::from),
                 thread_id: Arc::from(thread_id.unwrap_or(own_id)),
                 depth: 0,
+                parent_is_agent: false,
             };
         }
         let parent = parent_id
@@ -189,11 +205,13 @@ impl WorldState {
                     .map(Arc::from)
                     .unwrap_or_else(|| meta.thread_id.clone()),
                 depth: meta.depth.saturating_add(1),
+                parent_is_agent: meta.agent,
             },
             None => Lineage {
                 parent_id: None,
                 thread_id: Arc::from(thread_id.unwrap_or(own_id)),
                 depth: 1,
+                parent_is_agent: false,
             },
         }
     }
@@ -209,6 +227,7 @@ impl WorldState {
                 Remembered {
                     depth: approved.lineage.depth,
                     thread_id: approved.lineage.thread_id.clone(),
+                    agent: approved.agent.is_some(),
                 },
             )
             .is_none()
@@ -246,7 +265,32 @@ impl WorldState {
                     a.approvals.pop_front();
                 }
             }
+            self.speakers.push_back(agent.clone());
+            if self.speakers.len() > MAX_SPEAKERS {
+                self.speakers.pop_front();
+            }
+            let budget = self.settings.rules.budget.max as usize;
+            if budget > 0 {
+                self.agent_approvals.push_back(approved.now);
+                while self.agent_approvals.len() > budget.min(MAX_BUDGET_WINDOW) {
+                    self.agent_approvals.pop_front();
+                }
+            }
         }
+    }
+
+    /// Agents that spoke since the last human or system message, oldest first.
+    pub fn speakers(&self) -> &VecDeque<Name> {
+        &self.speakers
+    }
+
+    /// Approved agent messages of the world younger than `window`.
+    pub fn agent_approvals_within(&self, now: Instant, window: Duration) -> usize {
+        self.agent_approvals
+            .iter()
+            .rev()
+            .take_while(|at| now.saturating_duration_since(**at) < window)
+            .count()
     }
 
     fn forget_message(&mut self, id: &Arc<str>) {
@@ -271,9 +315,12 @@ impl WorldState {
     }
 
     /// Clears the turn counter (and so the pause).
+    /// A human or system message (or a pass, or a reset) starts a new
+    /// exchange: turns and the speaker sequence begin again.
     pub fn reset_turns(&mut self) {
         self.turns = 0;
         self.paused = false;
+        self.speakers.clear();
     }
 
     /// The admin reset: turns, pause, cooldown, rate and duplicate windows.
@@ -281,6 +328,7 @@ impl WorldState {
     pub fn reset(&mut self) {
         self.reset_turns();
         self.contents.clear();
+        self.agent_approvals.clear();
         for agent in self.agents.values_mut() {
             agent.approvals.clear();
         }
@@ -512,7 +560,8 @@ mod tests {
             Lineage {
                 parent_id: None,
                 thread_id: Arc::from("m1"),
-                depth: 1
+                depth: 1,
+                parent_is_agent: false,
             }
         );
     }
@@ -536,6 +585,7 @@ mod tests {
                 parent_id: None,
                 thread_id: Arc::from(format!("t{i}")),
                 depth: 0,
+                parent_is_agent: false,
             };
             approve(&mut w, "same-id", &l, t0);
         }

@@ -5,9 +5,12 @@
 //! out. Rules never change state and never read a clock: the judge passes
 //! `now` in, and records approvals after every rule has passed.
 
+mod alternation;
+mod budget;
 mod cooldown;
 mod depth;
 mod duplicate;
+pub mod low_content;
 pub mod pass;
 mod rate;
 mod turns;
@@ -19,9 +22,12 @@ use crate::config::RulesConfig;
 use crate::names::Name;
 use crate::state::WorldState;
 
+pub use alternation::Alternation;
+pub use budget::Budget;
 pub use cooldown::Cooldown;
 pub use depth::Depth;
 pub use duplicate::Duplicate;
+pub use low_content::LowContent;
 pub use rate::Rate;
 pub use turns::Turns;
 
@@ -36,11 +42,14 @@ pub enum RuleName {
     Duplicate,
     Cooldown,
     Rate,
+    Alternation,
+    LowContent,
+    Budget,
 }
 
 impl RuleName {
     /// Every rule name, in declaration order (`RuleName as usize` indexes it).
-    pub const ALL: [RuleName; 8] = [
+    pub const ALL: [RuleName; 11] = [
         RuleName::Invalid,
         RuleName::TooLarge,
         RuleName::Pass,
@@ -49,6 +58,9 @@ impl RuleName {
         RuleName::Duplicate,
         RuleName::Cooldown,
         RuleName::Rate,
+        RuleName::Alternation,
+        RuleName::LowContent,
+        RuleName::Budget,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -61,6 +73,9 @@ impl RuleName {
             RuleName::Duplicate => "duplicate",
             RuleName::Cooldown => "cooldown",
             RuleName::Rate => "rate",
+            RuleName::Alternation => "alternation",
+            RuleName::LowContent => "low_content",
+            RuleName::Budget => "budget",
         }
     }
 }
@@ -82,6 +97,10 @@ impl serde::Serialize for RuleName {
 #[derive(Debug, Clone)]
 pub struct Candidate<'a> {
     pub sender: &'a Name,
+    /// The content as sent (rules that read words normalise it themselves).
+    pub content: &'a str,
+    /// Its resolved parent is an agent's message.
+    pub parent_is_agent: bool,
     /// Depth resolved from the message's lineage.
     pub depth: u32,
     /// Hash of the normalised content (see `normalize`).
@@ -140,8 +159,18 @@ pub trait Rule: Send + Sync {
     fn check(&self, cx: &Context<'_>) -> Verdict;
 }
 
-/// Rules 2-6, in the order the contract applies them.
-pub static LOOP_RULES: [&dyn Rule; 5] = [&Turns, &Depth, &Duplicate, &Cooldown, &Rate];
+/// Rules 2-6 in the order the contract applies them, then the rules this
+/// project adds (7-9, off by default).
+pub static LOOP_RULES: [&dyn Rule; 8] = [
+    &Turns,
+    &Depth,
+    &Duplicate,
+    &Cooldown,
+    &Rate,
+    &Alternation,
+    &LowContent,
+    &Budget,
+];
 
 /// The first rule that fails, if any.
 pub fn first_failure(cx: &Context<'_>) -> Option<Rejection> {
@@ -187,12 +216,80 @@ pub(crate) mod testing {
             self.t0 + Duration::from_secs(secs)
         }
 
+        /// Records an approved message of agent `who` at `secs`.
+        pub fn approve_as(&mut self, who: &str, secs: u64, content_hash: u64) {
+            let agent = Name::parse(who).unwrap();
+            self.world.touch_agent(&agent, self.at(secs));
+            let lineage = Lineage {
+                parent_id: None,
+                thread_id: Arc::from("t"),
+                depth: 1,
+                parent_is_agent: false,
+            };
+            let id = format!("m{}-{who}-{secs}-{content_hash}", self.world.turns);
+            let keep = self.limits.rate.max as usize;
+            let now = self.at(secs);
+            self.world.record_approved(Approved {
+                id: &id,
+                lineage: &lineage,
+                content_hash,
+                now,
+                agent: Some((&agent, keep)),
+            });
+            self.world.turns += 1;
+        }
+
+        /// Runs `rule` on a message from `who` at `secs`.
+        pub fn check_as_at(&self, rule: &dyn Rule, who: &str, secs: u64) -> Verdict {
+            let agent = Name::parse(who).unwrap();
+            let msg = Candidate {
+                sender: &agent,
+                content: "",
+                parent_is_agent: false,
+                depth: 1,
+                content_hash: u64::MAX,
+                now: self.at(secs),
+            };
+            rule.check(&Context {
+                msg: &msg,
+                world: &self.world,
+                limits: &self.limits,
+            })
+        }
+
+        pub fn check_as(&self, rule: &dyn Rule, who: &str) -> Verdict {
+            self.check_as_at(rule, who, 0)
+        }
+
+        /// Runs `rule` on `content` from the fixture's agent.
+        pub fn check_content(
+            &self,
+            rule: &dyn Rule,
+            content: &str,
+            parent_is_agent: bool,
+        ) -> Verdict {
+            let msg = Candidate {
+                sender: &self.agent,
+                content,
+                parent_is_agent,
+                depth: 1,
+                content_hash: u64::MAX,
+                now: self.t0,
+            };
+            rule.check(&Context {
+                msg: &msg,
+                world: &self.world,
+                limits: &self.limits,
+            })
+        }
+
         /// Records an approved message of the fixture's agent at `secs`.
         pub fn approve(&mut self, secs: u64, content_hash: u64) {
             let lineage = Lineage {
                 parent_id: None,
                 thread_id: Arc::from("t"),
                 depth: 1,
+                parent_is_agent: false,
             };
             let id = format!("m{}", self.world.turns);
             let keep = self.limits.rate.max as usize;
@@ -212,6 +309,8 @@ pub(crate) mod testing {
         pub fn check(&self, rule: &dyn Rule, secs: u64, depth: u32, content_hash: u64) -> Verdict {
             let msg = Candidate {
                 sender: &self.agent,
+                content: "",
+                parent_is_agent: false,
                 depth,
                 content_hash,
                 now: self.at(secs),
@@ -240,6 +339,8 @@ mod tests {
         // turns, duplicate and cooldown all fail: turns comes first.
         let msg = Candidate {
             sender: &f.agent,
+            content: "",
+            parent_is_agent: false,
             depth: 1,
             content_hash: 42,
             now: f.at(1),
@@ -272,6 +373,18 @@ mod tests {
     #[test]
     fn rule_names_are_the_contract_labels() {
         let names: Vec<_> = LOOP_RULES.iter().map(|r| r.name().as_str()).collect();
-        assert_eq!(names, ["turns", "depth", "duplicate", "cooldown", "rate"]);
+        assert_eq!(
+            names,
+            [
+                "turns",
+                "depth",
+                "duplicate",
+                "cooldown",
+                "rate",
+                "alternation",
+                "low_content",
+                "budget"
+            ]
+        );
     }
 }

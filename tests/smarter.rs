@@ -1,0 +1,146 @@
+//! The rules loopguard adds to the contract (7 `alternation`, 8
+//! `low_content`, 9 `budget`), end to end: for each, a loop it catches and a
+//! legitimate exchange it leaves alone. All are off by default.
+
+mod support;
+
+use serde_json::json;
+use support::{msg, Harness};
+
+/// The contract's rules out of the way, so each test sees only its own.
+const BASE: &str = "[rules.turns]\nmax = 0\n[rules.depth]\nmax = 0\n[rules.rate]\nmax = 0\n";
+
+#[tokio::test]
+async fn alternation_cuts_a_ping_pong_and_leaves_a_varied_exchange_alone() {
+    let mut h = Harness::start(&format!("{BASE}[rules.alternation]\nmax_cycles = 2\n")).await;
+    for (i, who) in ["alice", "bob", "alice", "bob", "alice"].iter().enumerate() {
+        h.send_json("pingpong", "agent", who, msg(&format!("point {i}")))
+            .await;
+    }
+    let out = h.settle("pingpong").await;
+    assert_eq!(
+        out.field("pingpong", "rule"),
+        [
+            json!(null),
+            json!(null),
+            json!(null),
+            json!(null),
+            json!("alternation")
+        ]
+    );
+
+    for (i, who) in ["alice", "bob", "carol", "bob", "alice", "carol", "alice"]
+        .iter()
+        .enumerate()
+    {
+        h.send_json("meeting", "agent", who, msg(&format!("idea {i}")))
+            .await;
+    }
+    let out = h.settle("meeting").await;
+    assert!(out
+        .field("meeting", "decision")
+        .iter()
+        .all(|d| d == "approved"));
+
+    // A human message starts a new exchange.
+    h.send_json("pingpong", "human", "hank", msg("carry on"))
+        .await;
+    h.send_json("pingpong", "agent", "alice", msg("fresh start"))
+        .await;
+    let out = h.settle("pingpong").await;
+    assert_eq!(
+        out.field("pingpong", "decision"),
+        [json!("approved"), json!("approved")]
+    );
+}
+
+#[tokio::test]
+async fn low_content_rejects_empty_acknowledgements_between_agents_only() {
+    let mut h = Harness::start(&format!(
+        "{BASE}[rules.low_content]\nenabled = true\n[worlds.w]\nagents = [\"alice\", \"bob\"]\n"
+    ))
+    .await;
+    h.send_json(
+        "w",
+        "agent",
+        "alice",
+        msg("@bob I drafted the migration plan, can you review it?"),
+    )
+    .await;
+    h.send_json("w", "agent", "bob", msg("@alice Sounds good! 👍"))
+        .await;
+    h.send_json(
+        "w",
+        "agent",
+        "bob",
+        msg("@alice The plan misses a rollback step for the index"),
+    )
+    .await;
+    let out = h.settle("w").await;
+    assert_eq!(
+        out.field("w", "rule"),
+        [json!(null), json!("low_content"), json!(null)]
+    );
+    assert!(
+        out.private("w", "alice").len() == 1,
+        "only the substantive reply reached alice"
+    );
+
+    // Thanking a human is fine.
+    h.send_json(
+        "w",
+        "human",
+        "hank",
+        msg("@bob please take the on-call shift"),
+    )
+    .await;
+    h.send_json("w", "agent", "bob", msg("Will do!")).await;
+    let out = h.settle("w").await;
+    assert_eq!(
+        out.field("w", "decision"),
+        [json!("approved"), json!("approved")]
+    );
+}
+
+#[tokio::test]
+async fn budget_ends_a_slow_loop_that_every_short_limit_allows() {
+    let mut h = Harness::start(&format!(
+        "{BASE}[rules.budget]\nmax = 3\nwindow_seconds = 3600\n"
+    ))
+    .await;
+    for (i, who) in ["alice", "bob", "alice", "bob"].iter().enumerate() {
+        h.send_json("slow", "agent", who, msg(&format!("musing {i}")))
+            .await;
+    }
+    let out = h.settle("slow").await;
+    let rules = out.field("slow", "rule");
+    assert_eq!(
+        rules,
+        [json!(null), json!(null), json!(null), json!("budget")]
+    );
+    // Another world has its own budget.
+    h.send_json("other", "agent", "alice", msg("hello")).await;
+    assert_eq!(
+        h.settle("other").await.event("other").body["decision"],
+        "approved"
+    );
+}
+
+#[tokio::test]
+async fn the_new_rules_report_in_observe_mode() {
+    let mut h = Harness::start(&format!(
+        "mode = \"observe\"\n{BASE}[rules.alternation]\nmax_cycles = 1\n"
+    ))
+    .await;
+    for (i, who) in ["alice", "bob", "alice"].iter().enumerate() {
+        h.send_json("w", "agent", who, msg(&format!("turn {i} from {who}")))
+            .await;
+    }
+    let out = h.settle("w").await;
+    let last = out.events("w")[2].body.clone();
+    assert_eq!(
+        (last["decision"].clone(), last["would_reject"].clone()),
+        (json!("approved"), json!("alternation"))
+    );
+    assert_eq!(out.public("w").len(), 3);
+}
