@@ -512,6 +512,7 @@ pub struct RulesConfig {
     pub cooldown: CooldownLimit,
     pub rate: RateLimit,
     pub alternation: AlternationLimit,
+    pub similar: SimilarLimit,
     pub low_content: LowContentLimit,
     pub budget: BudgetLimit,
 }
@@ -602,7 +603,29 @@ impl Default for AlternationLimit {
     }
 }
 
-/// Rule 8, `low_content`: agent-to-agent messages without substance.
+/// Rule 8, `similar`: near-duplicates, i.e. reworded echoes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimilarLimit {
+    /// Jaccard similarity of content words (0.0-1.0) at which an agent
+    /// message counts as a repeat; 0 disables the rule.
+    pub threshold: f64,
+    /// How long an approved message can be echoed.
+    pub window_seconds: u64,
+}
+
+impl Eq for SimilarLimit {}
+
+impl Default for SimilarLimit {
+    fn default() -> Self {
+        SimilarLimit {
+            threshold: 0.0,
+            window_seconds: 300,
+        }
+    }
+}
+
+/// Rule 9, `low_content`: agent-to-agent messages without substance.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LowContentLimit {
@@ -664,7 +687,7 @@ impl Default for LowContentLimit {
     }
 }
 
-/// Rule 9, `budget`: a long-window cap on agent messages per world, so a
+/// Rule 10, `budget`: a long-window cap on agent messages per world, so a
 /// slow loop under every short limit still ends.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -836,6 +859,12 @@ fn validate_rules(key: &str, rules: &RulesConfig) -> Result<(), ConfigError> {
         return Err(invalid(
             format!("{key}.alternation.max_cycles"),
             "must be 0 to 32",
+        ));
+    }
+    if !(0.0..=1.0).contains(&rules.similar.threshold) {
+        return Err(invalid(
+            format!("{key}.similar.threshold"),
+            "must be 0.0 to 1.0",
         ));
     }
     if rules.budget.max as usize > crate::state::MAX_BUDGET_WINDOW {

@@ -293,6 +293,13 @@ impl Judge {
             is_agent,
         );
         let content_hash = self.content_hash(&env.content);
+        // Content words only when the `similar` rule is on: it is the only
+        // reader, and the set costs a pass over the content.
+        let words = if limits.similar.threshold > 0.0 {
+            rules::similar::words(&env.content)
+        } else {
+            Vec::new()
+        };
 
         let mut d = Decision {
             world: Some(world.clone()),
@@ -332,6 +339,7 @@ impl Judge {
                 sender: &sender,
                 content: &env.content,
                 parent_is_agent: lineage.parent_is_agent,
+                words: &words,
                 depth: lineage.depth,
                 content_hash,
                 now,
@@ -361,6 +369,9 @@ impl Judge {
             routing::route(kind, &sender, &env.content, &w, now)
         };
 
+        if d.outcome != Outcome::Edited {
+            w.remember_words(now, words);
+        }
         w.record_approved(Approved {
             id: &d.id,
             lineage: &lineage,

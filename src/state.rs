@@ -25,6 +25,8 @@ pub const MAX_DUPLICATE_WINDOW: usize = 1024;
 /// Most agent speakers remembered since the last human or system message
 /// (the longest cycle, 8, times the most repetitions, 32, plus one).
 pub const MAX_SPEAKERS: usize = 8 * 33;
+/// Most approved messages whose content words the `similar` rule compares.
+pub const MAX_SIMILAR_WINDOW: usize = 256;
 /// Most approval times held for the `budget` rule (its `max` is capped too).
 pub const MAX_BUDGET_WINDOW: usize = 10_000;
 
@@ -92,6 +94,8 @@ pub struct WorldState {
     latest: Option<Arc<str>>,
     /// (approved at, hash of normalised content), oldest first.
     contents: VecDeque<(Instant, u64)>,
+    /// (approved at, content words) for the `similar` rule, oldest first.
+    word_sets: VecDeque<(Instant, Arc<[u64]>)>,
     /// Agents that spoke since the last human or system message, in order.
     speakers: VecDeque<Name>,
     /// Times of the world's recent approved agent messages (for `budget`).
@@ -116,6 +120,7 @@ impl WorldState {
             thread_latest: HashMap::new(),
             latest: None,
             contents: VecDeque::new(),
+            word_sets: VecDeque::new(),
             speakers: VecDeque::new(),
             agent_approvals: VecDeque::new(),
             idle,
@@ -279,6 +284,26 @@ impl WorldState {
         }
     }
 
+    /// Remembers an approved message's content words for `similar`.
+    pub fn remember_words(&mut self, now: Instant, words: Vec<u64>) {
+        if words.is_empty() {
+            return;
+        }
+        self.word_sets.push_back((now, Arc::from(words)));
+        if self.word_sets.len() > MAX_SIMILAR_WINDOW {
+            self.word_sets.pop_front();
+        }
+    }
+
+    /// Content words of approved messages younger than `window`.
+    pub fn recent_words(&self, now: Instant, window: Duration) -> impl Iterator<Item = &[u64]> {
+        self.word_sets
+            .iter()
+            .rev()
+            .take_while(move |(at, _)| now.saturating_duration_since(*at) < window)
+            .map(|(_, w)| &**w)
+    }
+
     /// Agents that spoke since the last human or system message, oldest first.
     pub fn speakers(&self) -> &VecDeque<Name> {
         &self.speakers
@@ -328,6 +353,7 @@ impl WorldState {
     pub fn reset(&mut self) {
         self.reset_turns();
         self.contents.clear();
+        self.word_sets.clear();
         self.agent_approvals.clear();
         for agent in self.agents.values_mut() {
             agent.approvals.clear();

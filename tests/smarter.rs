@@ -1,5 +1,5 @@
-//! The rules loopguard adds to the contract (7 `alternation`, 8
-//! `low_content`, 9 `budget`), end to end: for each, a loop it catches and a
+//! The rules loopguard adds to the contract (7 `alternation`, 8 `similar`, 9
+//! `low_content`, 10 `budget`), end to end: for each, a loop it catches and a
 //! legitimate exchange it leaves alone. All are off by default.
 
 mod support;
@@ -143,4 +143,63 @@ async fn the_new_rules_report_in_observe_mode() {
         (json!("approved"), json!("alternation"))
     );
     assert_eq!(out.public("w").len(), 3);
+}
+
+#[tokio::test]
+async fn similar_catches_a_reworded_echo_and_leaves_distinct_answers_alone() {
+    let mut h = Harness::start(&format!("{BASE}[rules.similar]\nthreshold = 0.6\n")).await;
+    h.send_json(
+        "w",
+        "human",
+        "hank",
+        msg("How should we speed up the importer?"),
+    )
+    .await;
+    h.send_json(
+        "w",
+        "agent",
+        "alice",
+        msg("The best approach is caching the results"),
+    )
+    .await;
+    h.send_json(
+        "w",
+        "agent",
+        "bob",
+        msg("The best approach is batching the writes"),
+    )
+    .await;
+    h.send_json(
+        "w",
+        "agent",
+        "carol",
+        msg("Good point, add unit tests first"),
+    )
+    .await;
+    h.send_json(
+        "w",
+        "agent",
+        "alice",
+        msg("@carol Good point — we should add unit tests first"),
+    )
+    .await;
+    let out = h.settle("w").await;
+    assert_eq!(
+        out.field("w", "rule"),
+        [
+            json!(null),
+            json!(null),
+            json!(null),
+            json!(null),
+            json!("similar")
+        ]
+    );
+    let reason = out.events("w")[4].body["reason"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        reason.contains("100%") && reason.contains("threshold 60%"),
+        "{reason}"
+    );
 }

@@ -1,4 +1,4 @@
-//! Rule 9, `budget`: at most `rules.budget.max` approved agent messages per
+//! Rule 10, `budget`: at most `rules.budget.max` approved agent messages per
 //! world within `rules.budget.window_seconds` (e.g. 200 an hour), so a slow
 //! loop that stays under every short limit still ends.
 

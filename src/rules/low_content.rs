@@ -1,4 +1,4 @@
-//! Rule 8, `low_content`: an agent answering another agent with nothing —
+//! Rule 9, `low_content`: an agent answering another agent with nothing —
 //! only an acknowledgement phrase ("sounds good", "standing by"), only
 //! punctuation or emoji, or fewer than `rules.low_content.min_chars` letters
 //! and digits. Such replies keep a loop alive without moving it; to a human

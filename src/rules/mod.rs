@@ -13,6 +13,7 @@ mod duplicate;
 pub mod low_content;
 pub mod pass;
 mod rate;
+pub mod similar;
 mod turns;
 
 use std::fmt;
@@ -29,6 +30,7 @@ pub use depth::Depth;
 pub use duplicate::Duplicate;
 pub use low_content::LowContent;
 pub use rate::Rate;
+pub use similar::Similar;
 pub use turns::Turns;
 
 /// Every rule name a decision can carry; the values of the `rule` label.
@@ -43,13 +45,14 @@ pub enum RuleName {
     Cooldown,
     Rate,
     Alternation,
+    Similar,
     LowContent,
     Budget,
 }
 
 impl RuleName {
     /// Every rule name, in declaration order (`RuleName as usize` indexes it).
-    pub const ALL: [RuleName; 11] = [
+    pub const ALL: [RuleName; 12] = [
         RuleName::Invalid,
         RuleName::TooLarge,
         RuleName::Pass,
@@ -59,6 +62,7 @@ impl RuleName {
         RuleName::Cooldown,
         RuleName::Rate,
         RuleName::Alternation,
+        RuleName::Similar,
         RuleName::LowContent,
         RuleName::Budget,
     ];
@@ -74,6 +78,7 @@ impl RuleName {
             RuleName::Cooldown => "cooldown",
             RuleName::Rate => "rate",
             RuleName::Alternation => "alternation",
+            RuleName::Similar => "similar",
             RuleName::LowContent => "low_content",
             RuleName::Budget => "budget",
         }
@@ -101,6 +106,8 @@ pub struct Candidate<'a> {
     pub content: &'a str,
     /// Its resolved parent is an agent's message.
     pub parent_is_agent: bool,
+    /// Its content words (see `similar::words`); empty unless `similar` is on.
+    pub words: &'a [u64],
     /// Depth resolved from the message's lineage.
     pub depth: u32,
     /// Hash of the normalised content (see `normalize`).
@@ -161,13 +168,14 @@ pub trait Rule: Send + Sync {
 
 /// Rules 2-6 in the order the contract applies them, then the rules this
 /// project adds (7-9, off by default).
-pub static LOOP_RULES: [&dyn Rule; 8] = [
+pub static LOOP_RULES: [&dyn Rule; 9] = [
     &Turns,
     &Depth,
     &Duplicate,
     &Cooldown,
     &Rate,
     &Alternation,
+    &Similar,
     &LowContent,
     &Budget,
 ];
@@ -246,6 +254,7 @@ pub(crate) mod testing {
                 sender: &agent,
                 content: "",
                 parent_is_agent: false,
+                words: &[],
                 depth: 1,
                 content_hash: u64::MAX,
                 now: self.at(secs),
@@ -272,6 +281,7 @@ pub(crate) mod testing {
                 sender: &self.agent,
                 content,
                 parent_is_agent,
+                words: &[],
                 depth: 1,
                 content_hash: u64::MAX,
                 now: self.t0,
@@ -311,6 +321,7 @@ pub(crate) mod testing {
                 sender: &self.agent,
                 content: "",
                 parent_is_agent: false,
+                words: &[],
                 depth,
                 content_hash,
                 now: self.at(secs),
@@ -341,6 +352,7 @@ mod tests {
             sender: &f.agent,
             content: "",
             parent_is_agent: false,
+            words: &[],
             depth: 1,
             content_hash: 42,
             now: f.at(1),
@@ -382,6 +394,7 @@ mod tests {
                 "cooldown",
                 "rate",
                 "alternation",
+                "similar",
                 "low_content",
                 "budget"
             ]

@@ -1,0 +1,190 @@
+//! Rule 8, `similar`: reworded echoes. An agent message whose content words
+//! overlap an approved message of the world (from any sender, within
+//! `rules.similar.window_seconds`) by a Jaccard similarity of at least
+//! `rules.similar.threshold` is rejected.
+//!
+//! Content words: the content normalised (see `normalize`), everything but
+//! letters and digits removed, English stop words dropped, a light suffix
+//! stemmer applied (-ing, -ed, -es, -s, -ly, final -e), then hashed and
+//! deduplicated. "Good point, add unit tests" and "Good point — we should add
+//! unit tests" both become {good, point, add, unit, tests}: similarity 1.0.
+//! Exact Jaccard over sorted hashes costs about what a MinHash signature
+//! would at chat-message sizes, and estimates nothing.
+
+use std::hash::{BuildHasher, Hasher};
+use std::time::Duration;
+
+use super::low_content::substance;
+use super::{Context, Rule, RuleName, Verdict};
+
+/// Most content words kept per message (the rest are ignored).
+pub const MAX_WORDS: usize = 256;
+
+/// Words that carry no meaning of their own in a reply.
+const STOP_WORDS: &[&str] = &[
+    "a", "an", "and", "are", "as", "at", "be", "but", "by", "can", "could", "do", "for", "from",
+    "has", "have", "i", "if", "in", "is", "it", "its", "just", "let", "lets", "me", "maybe", "my",
+    "of", "on", "or", "our", "really", "s", "should", "so", "that", "the", "then", "this", "to",
+    "us", "very", "we", "will", "with", "would", "you", "your",
+];
+
+/// Hashes words with fixed keys: the sets are compared within one process
+/// only, and a per-process random key gains nothing here.
+#[derive(Default, Clone, Copy)]
+struct WordHasher;
+
+impl BuildHasher for WordHasher {
+    type Hasher = std::collections::hash_map::DefaultHasher;
+    fn build_hasher(&self) -> Self::Hasher {
+        std::collections::hash_map::DefaultHasher::new()
+    }
+}
+
+/// The sorted, deduplicated hashes of `content`'s content words.
+pub fn words(content: &str) -> Vec<u64> {
+    let text = substance(content);
+    let mut hashes: Vec<u64> = text
+        .split(' ')
+        .filter(|w| !w.is_empty() && !STOP_WORDS.contains(w))
+        .take(MAX_WORDS)
+        .map(|w| {
+            let mut h = WordHasher.build_hasher();
+            h.write(stem(w).as_bytes());
+            h.finish()
+        })
+        .collect();
+    hashes.sort_unstable();
+    hashes.dedup();
+    hashes
+}
+
+/// A light suffix stemmer, so "agree" and "agreed", "test" and "tests"
+/// meet: strips one of -ing, -ed, -es, -s, -ly, or else a final -e, keeping
+/// at least three letters.
+fn stem(w: &str) -> &str {
+    for suffix in ["ing", "ed", "es", "s", "ly"] {
+        if let Some(stripped) = w.strip_suffix(suffix) {
+            if stripped.len() >= 3 {
+                return stripped;
+            }
+        }
+    }
+    match w.strip_suffix('e') {
+        Some(stripped) if stripped.len() >= 3 => stripped,
+        _ => w,
+    }
+}
+
+/// Jaccard similarity of two sorted, deduplicated sets.
+pub fn jaccard(a: &[u64], b: &[u64]) -> f64 {
+    if a.is_empty() && b.is_empty() {
+        return 0.0; // nothing to echo
+    }
+    let (mut i, mut j, mut common) = (0, 0, 0usize);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                common += 1;
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    common as f64 / (a.len() + b.len() - common) as f64
+}
+
+pub struct Similar;
+
+impl Rule for Similar {
+    fn name(&self) -> RuleName {
+        RuleName::Similar
+    }
+
+    fn check(&self, cx: &Context<'_>) -> Verdict {
+        let limits = &cx.limits.similar;
+        if limits.threshold <= 0.0 || cx.msg.words.is_empty() {
+            return Verdict::Allow;
+        }
+        let window = Duration::from_secs(limits.window_seconds);
+        let best = cx
+            .world
+            .recent_words(cx.msg.now, window)
+            .map(|earlier| jaccard(cx.msg.words, earlier))
+            .fold(0.0, f64::max);
+        if best >= limits.threshold {
+            return Verdict::reject(
+                self.name(),
+                format!(
+                    "{:.0}% the same words as a message of the last {}s (threshold {:.0}%)",
+                    best * 100.0,
+                    limits.window_seconds,
+                    limits.threshold * 100.0
+                ),
+            );
+        }
+        Verdict::Allow
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (earlier message, new message, should count as an echo at 0.6)
+    const CASES: &[(&str, &str, bool)] = &[
+        (
+            "Good point, add unit tests",
+            "Good point — we should add unit tests",
+            true,
+        ),
+        (
+            "@bob I agree, let's ship it on Friday",
+            "@alice Agreed: ship it on Friday!",
+            true,
+        ),
+        (
+            "The migration needs a rollback step",
+            "We really need a rollback step for the migration",
+            true,
+        ),
+        (
+            "Sounds good, I'll start on the parser",
+            "Sounds good! I will start on the parser.",
+            true,
+        ),
+        (
+            "The best approach is caching the results",
+            "The best approach is batching the writes",
+            false,
+        ),
+        (
+            "Paris is the capital of France",
+            "I think the answer is Lyon",
+            false,
+        ),
+        (
+            "Use a bounded channel between the stages",
+            "Profile first; the JSON encoding may dominate",
+            false,
+        ),
+        ("42", "43", false),
+    ];
+
+    #[test]
+    fn reworded_echoes_score_high_and_distinct_answers_low() {
+        for (a, b, echo) in CASES {
+            let s = jaccard(&words(a), &words(b));
+            println!("{s:.2}  {a:?} / {b:?}");
+            assert_eq!(s >= 0.6, *echo, "{s:.2} for {a:?} vs {b:?}");
+        }
+    }
+
+    #[test]
+    fn jaccard_is_exact_on_small_sets() {
+        assert_eq!(jaccard(&[1, 2, 3], &[2, 3, 4]), 0.5);
+        assert_eq!(jaccard(&[1], &[1]), 1.0);
+        assert_eq!(jaccard(&[], &[]), 0.0);
+    }
+}
