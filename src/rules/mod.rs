@@ -250,20 +250,7 @@ pub(crate) mod testing {
         /// Runs `rule` on a message from `who` at `secs`.
         pub fn check_as_at(&self, rule: &dyn Rule, who: &str, secs: u64) -> Verdict {
             let agent = Name::parse(who).unwrap();
-            let msg = Candidate {
-                sender: &agent,
-                content: "",
-                parent_is_agent: false,
-                words: &[],
-                depth: 1,
-                content_hash: u64::MAX,
-                now: self.at(secs),
-            };
-            rule.check(&Context {
-                msg: &msg,
-                world: &self.world,
-                limits: &self.limits,
-            })
+            self.run(rule, &agent, "", false, 1, u64::MAX, secs)
         }
 
         pub fn check_as(&self, rule: &dyn Rule, who: &str) -> Verdict {
@@ -277,14 +264,29 @@ pub(crate) mod testing {
             content: &str,
             parent_is_agent: bool,
         ) -> Verdict {
+            self.run(rule, &self.agent, content, parent_is_agent, 1, u64::MAX, 0)
+        }
+
+        /// Runs `rule` on one candidate message.
+        #[allow(clippy::too_many_arguments)]
+        fn run(
+            &self,
+            rule: &dyn Rule,
+            sender: &Name,
+            content: &str,
+            parent_is_agent: bool,
+            depth: u32,
+            content_hash: u64,
+            secs: u64,
+        ) -> Verdict {
             let msg = Candidate {
-                sender: &self.agent,
+                sender,
                 content,
                 parent_is_agent,
                 words: &[],
-                depth: 1,
-                content_hash: u64::MAX,
-                now: self.t0,
+                depth,
+                content_hash,
+                now: self.at(secs),
             };
             rule.check(&Context {
                 msg: &msg,
@@ -317,20 +319,7 @@ pub(crate) mod testing {
 
         /// Runs `rule` on a message of the fixture's agent at `secs`.
         pub fn check(&self, rule: &dyn Rule, secs: u64, depth: u32, content_hash: u64) -> Verdict {
-            let msg = Candidate {
-                sender: &self.agent,
-                content: "",
-                parent_is_agent: false,
-                words: &[],
-                depth,
-                content_hash,
-                now: self.at(secs),
-            };
-            rule.check(&Context {
-                msg: &msg,
-                world: &self.world,
-                limits: &self.limits,
-            })
+            self.run(rule, &self.agent, "", false, depth, content_hash, secs)
         }
     }
 }
