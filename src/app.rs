@@ -39,10 +39,15 @@ pub enum AppError {
     },
 }
 
-/// Runs loopguard until `stop` resolves, then shuts down gracefully.
+/// Re-reads the configuration (same file, same environment) on SIGHUP.
+pub type Reload = Box<dyn Fn() -> Result<Settings, crate::config::ConfigError> + Send + Sync>;
+
+/// Runs loopguard until `stop` resolves, then shuts down gracefully. With
+/// `reload`, SIGHUP applies a new configuration without dropping a message.
 pub async fn run(
     settings: Settings,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
+    reload: Option<Reload>,
 ) -> Result<(), AppError> {
     let settings = Arc::new(settings);
     let config = &settings.config;
@@ -74,6 +79,10 @@ pub async fn run(
             admin_token: config.http.admin_token.clone(),
         }),
     ));
+
+    if let Some(reload) = reload {
+        tokio::spawn(reload_on_sighup(reload, judge.clone(), metrics.clone()));
+    }
 
     let client = connect(&settings, &metrics).await?;
     // One stop signal, observable by every stage: set-up retries, intake
@@ -170,6 +179,44 @@ pub async fn run(
     }
     http.abort();
     Ok(())
+}
+
+/// Applies a new configuration on every SIGHUP; an invalid one is refused
+/// (logged, counted) and the running one stays.
+async fn reload_on_sighup(reload: Reload, judge: Arc<Judge>, metrics: Metrics) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hup = match signal(SignalKind::hangup()) {
+            Ok(hup) => hup,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP; live reload is off");
+                return;
+            }
+        };
+        while hup.recv().await.is_some() {
+            match reload() {
+                Ok(settings) => {
+                    let restart = judge.reload(settings);
+                    metrics.reload(true);
+                    if restart.is_empty() {
+                        tracing::info!("configuration reloaded");
+                    } else {
+                        tracing::warn!(
+                            sections = ?restart,
+                            "configuration reloaded; changes to these sections take effect after a restart"
+                        );
+                    }
+                }
+                Err(e) => {
+                    metrics.reload(false);
+                    tracing::error!(error = %e, "configuration reload failed; the running configuration stays");
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (reload, judge, metrics);
 }
 
 /// Where messages come from.

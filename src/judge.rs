@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::hash::BuildHasher;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -133,7 +133,8 @@ const EGRESS_KEYS: [&str; 11] = [
 /// Decides messages. Shared by every worker; per-world exclusion is the
 /// world's own lock (see `state`).
 pub struct Judge {
-    settings: Arc<Settings>,
+    /// Swapped whole by a configuration reload; read once per decision.
+    settings: RwLock<Arc<Settings>>,
     worlds: Worlds,
     subjects: Subjects,
     clock: Arc<dyn Clock>,
@@ -146,13 +147,47 @@ pub struct Judge {
 impl Judge {
     pub fn new(settings: Arc<Settings>, clock: Arc<dyn Clock>, metrics: Metrics) -> Judge {
         Judge {
-            worlds: Worlds::new(settings.clone()),
+            worlds: Worlds::new(&settings),
             subjects: Subjects::new(&settings.config.nats.prefix),
-            settings,
+            settings: RwLock::new(settings),
             clock,
             metrics,
             hasher: Default::default(),
         }
+    }
+
+    /// The settings in force now.
+    pub fn settings(&self) -> Arc<Settings> {
+        self.settings
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Applies a reloaded configuration from the next decision on: rules,
+    /// per-world overrides, mode, events and limits. Returns the sections
+    /// that changed but only take effect after a restart.
+    pub fn reload(&self, new: Settings) -> Vec<&'static str> {
+        let old = self.settings();
+        let (a, b) = (&old.config, &new.config);
+        fn differ<T: Serialize>(a: &T, b: &T) -> bool {
+            serde_json::to_value(a).ok() != serde_json::to_value(b).ok()
+        }
+        let mut restart = Vec::new();
+        for (name, changed) in [
+            ("nats", differ(&a.nats, &b.nats)),
+            ("http", differ(&a.http, &b.http)),
+            ("state", differ(&a.state, &b.state)),
+            ("shutdown", differ(&a.shutdown, &b.shutdown)),
+            ("log", differ(&a.log, &b.log)),
+            ("runtime", differ(&a.runtime, &b.runtime)),
+        ] {
+            if changed {
+                restart.push(name);
+            }
+        }
+        *self.settings.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(new);
+        restart
     }
 
     pub fn worlds(&self) -> &Worlds {
@@ -178,11 +213,15 @@ impl Judge {
         fallback_id: Option<&str>,
     ) -> Option<Decision> {
         let started = Instant::now();
+        let settings = self.settings();
         let mut decision = match origin {
             Origin::Join { world, agent } => {
                 let now = self.clock.now();
-                let handle = self.worlds.get_or_create(&world, now);
-                state::lock(&handle).touch_agent(&agent, now);
+                let ws = settings.world(&world);
+                let handle = self.worlds.get_or_create(&world, ws, now);
+                let mut w = state::lock(&handle);
+                w.apply_settings(ws, now);
+                w.touch_agent(&agent, now);
                 return None;
             }
             Origin::Invalid {
@@ -206,14 +245,11 @@ impl Judge {
                 world,
                 kind,
                 sender,
-            } => self.decide_raw(world, kind, sender, payload, fallback_id),
+            } => self.decide_raw(&settings, world, kind, sender, payload, fallback_id),
         };
-        if let Some(event) = events::report(
-            &decision,
-            &self.settings.config,
-            &self.subjects,
-            &self.metrics,
-        ) {
+        if let Some(event) =
+            events::report(&decision, &settings.config, &self.subjects, &self.metrics)
+        {
             decision.outbound.push(event);
         }
         self.metrics
@@ -246,13 +282,14 @@ impl Judge {
 
     fn decide_raw(
         &self,
+        settings: &Settings,
         world: Name,
         kind: SenderKind,
         sender: Name,
         payload: &[u8],
         fallback_id: Option<&str>,
     ) -> Decision {
-        let config = &self.settings.config;
+        let config = &settings.config;
         let received_at = self.observed_at();
         let mut env = match envelope::parse(payload, fallback_id, config.limits.max_payload_bytes) {
             Ok(env) => env,
@@ -279,9 +316,11 @@ impl Judge {
         }
 
         let now = self.clock.now();
-        let handle = self.worlds.get_or_create(&world, now);
+        let ws = settings.world(&world);
+        let handle = self.worlds.get_or_create(&world, ws, now);
         let mut w = state::lock(&handle);
-        let limits = w.settings.rules.clone();
+        w.apply_settings(ws, now);
+        let limits = &ws.rules;
         let is_agent = kind == SenderKind::Agent;
         if is_agent {
             w.touch_agent(&sender, now);
@@ -347,7 +386,7 @@ impl Judge {
             let failure = rules::first_failure(&Context {
                 msg: &candidate,
                 world: &w,
-                limits: &limits,
+                limits,
             });
             d.turn = w.turns.saturating_add(1);
             match (failure, config.mode) {

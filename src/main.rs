@@ -72,10 +72,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(loopguard::app::run(settings, async {
-        let signal = loopguard::shutdown::signal().await;
-        tracing::info!(signal, "shutdown: signal received");
-    }));
+    let path = args.config.clone();
+    let reload: loopguard::app::Reload =
+        Box::new(move || Config::load(path.as_deref(), std::env::vars()));
+    let result = runtime.block_on(loopguard::app::run(
+        settings,
+        async {
+            let signal = loopguard::shutdown::signal().await;
+            tracing::info!(signal, "shutdown: signal received");
+        },
+        Some(reload),
+    ));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

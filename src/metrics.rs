@@ -26,6 +26,8 @@ pub struct Metrics {
     /// 1 while `/readyz` answers 200; what "not ready" alerts watch.
     pub ready: IntGauge,
     dropped: IntCounterVec,
+    /// Configuration reloads: [succeeded, refused].
+    reloads: [IntCounter; 2],
     /// When each drop reason was last logged, and how many since.
     drop_log: Arc<[DropLog; DropReason::ALL.len()]>,
 }
@@ -196,6 +198,12 @@ impl Metrics {
             "Messages lost or outputs not sent, by reason (a lower bound for slow consumers).",
             &["reason"],
         );
+        let reloads_vec = counter_vec(
+            "loopguard_config_reloads_total",
+            "Configuration reloads (SIGHUP), by result: success, or failure (the old configuration stays).",
+            &["result"],
+        );
+        let reloads = ["success", "failure"].map(|r| reloads_vec.with_label_values(&[r]));
         let ready = IntGauge::new(
             "loopguard_ready",
             "1 while connected to NATS, subscribed and not draining (what /readyz answers).",
@@ -227,8 +235,14 @@ impl Metrics {
             nats_reconnects,
             ready,
             dropped,
+            reloads,
             drop_log: Arc::new(Default::default()),
         }
+    }
+
+    /// Counts a configuration reload attempt.
+    pub fn reload(&self, ok: bool) {
+        self.reloads[usize::from(!ok)].inc();
     }
 
     /// Counts a drop and logs it, at most once per reason every ten

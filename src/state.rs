@@ -127,6 +127,27 @@ impl WorldState {
         }
     }
 
+    /// Brings the world onto `settings` after a configuration reload: new
+    /// rules apply from the next decision, agents now listed in config are
+    /// pinned, and agents no longer listed may expire like any other.
+    pub fn apply_settings(&mut self, settings: &Arc<WorldSettings>, now: Instant) {
+        if Arc::ptr_eq(&self.settings, settings) {
+            return;
+        }
+        for agent in self.agents.values_mut() {
+            agent.pinned = false;
+        }
+        for name in &settings.agents {
+            match self.agents.get_mut(name) {
+                Some(agent) => agent.pinned = true,
+                None => {
+                    self.agents.insert(name.clone(), Agent::new(true, now));
+                }
+            }
+        }
+        self.settings = settings.clone();
+    }
+
     /// The roster entry for a lowercase name, if it is on the roster now.
     pub fn roster_get(&self, name: &str, now: Instant) -> Option<(&Name, &Agent)> {
         self.agents
@@ -443,12 +464,12 @@ pub fn lock(world: &WorldHandle) -> MutexGuard<'_, WorldState> {
 #[derive(Clone)]
 pub struct Worlds {
     cache: moka::sync::Cache<Name, WorldHandle>,
-    settings: Arc<Settings>,
     idle: Duration,
 }
 
 impl Worlds {
-    pub fn new(settings: Arc<Settings>) -> Worlds {
+    /// Bounds come from `settings` once: they are not reloadable.
+    pub fn new(settings: &Settings) -> Worlds {
         let idle = Duration::from_secs(settings.config.state.idle_seconds);
         // LRU, not moka's default TinyLFU: TinyLFU may refuse to admit a new
         // world when full, and a refused world would lose its state after
@@ -458,18 +479,22 @@ impl Worlds {
             .time_to_idle(idle)
             .eviction_policy(moka::policy::EvictionPolicy::lru())
             .build();
-        Worlds {
-            cache,
-            settings,
-            idle,
-        }
+        Worlds { cache, idle }
     }
 
-    /// The world's state, created on first use.
-    pub fn get_or_create(&self, world: &Name, now: Instant) -> WorldHandle {
+    /// The world's state, created on first use with `settings`.
+    pub fn get_or_create(
+        &self,
+        world: &Name,
+        settings: &Arc<WorldSettings>,
+        now: Instant,
+    ) -> WorldHandle {
         self.cache.get_with_by_ref(world, || {
-            let settings = self.settings.world(world).clone();
-            Arc::new(Mutex::new(WorldState::new(settings, self.idle, now)))
+            Arc::new(Mutex::new(WorldState::new(
+                settings.clone(),
+                self.idle,
+                now,
+            )))
         })
     }
 
@@ -629,11 +654,12 @@ mod tests {
     fn a_full_cache_still_admits_new_worlds_and_evicts_the_least_recently_used() {
         let mut config = crate::config::Config::default();
         config.state.max_worlds = 3;
-        let worlds = Worlds::new(Arc::new(config.validate().unwrap()));
+        let settings = config.validate().unwrap();
+        let worlds = Worlds::new(&settings);
         let now = Instant::now();
         for i in 0..50 {
             let w = name(&format!("w{i}"));
-            lock(&worlds.get_or_create(&w, now)).turns = 7;
+            lock(&worlds.get_or_create(&w, &settings.default_world, now)).turns = 7;
             assert!(worlds.get(&w).is_some(), "w{i} admitted");
         }
         assert_eq!(worlds.len(), 3);

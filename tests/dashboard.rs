@@ -17,6 +17,7 @@ const KNOWN: &[&str] = &[
     "loopguard_nats_reconnects_total",
     "loopguard_ready",
     "loopguard_dropped_total",
+    "loopguard_config_reloads_total",
     "up",
 ];
 

@@ -298,3 +298,58 @@ async fn authenticates_to_nats_with_user_password_token_or_url_credentials_and_n
         }
     }
 }
+
+#[tokio::test]
+async fn sighup_reloads_rules_without_a_restart_and_refuses_an_invalid_config() {
+    let mut h = Harness::start("[rules.turns]\nmax = 5\n[rules.depth]\nmax = 0\n").await;
+    let addr = h.loopguard.http_addr().await;
+    h.send_json("w", "agent", "alice", support::msg("one"))
+        .await;
+    h.send_json("w", "agent", "bob", support::msg("two")).await;
+    let out = h.settle("w").await;
+    assert!(out
+        .events("w")
+        .iter()
+        .all(|e| e.body["decision"] == "approved"));
+
+    // Tighten the turn limit on disk and reload: the next message obeys it.
+    std::fs::write(
+        h.loopguard.config_path(),
+        "[rules.turns]\nmax = 1\n[rules.depth]\nmax = 0\n",
+    )
+    .unwrap();
+    h.loopguard.signal("HUP");
+    h.loopguard.until_logged("configuration reloaded", 1).await;
+    h.send_json("w", "agent", "alice", support::msg("three"))
+        .await;
+    assert_eq!(h.settle("w").await.event("w").body["rule"], "turns");
+
+    // An invalid file is refused; the running configuration stays.
+    std::fs::write(h.loopguard.config_path(), "[rules.turns]\nmax = \"lots\"\n").unwrap();
+    h.loopguard.signal("HUP");
+    h.loopguard
+        .until_logged("configuration reload failed", 1)
+        .await;
+    let scrape = support::Scrape::take(&addr).await;
+    assert_eq!(
+        scrape.get("loopguard_config_reloads_total", &[("result", "success")]),
+        1.0
+    );
+    assert_eq!(
+        scrape.get("loopguard_config_reloads_total", &[("result", "failure")]),
+        1.0
+    );
+    h.send_json("w", "human", "hank", support::msg("reset the turns"))
+        .await;
+    h.send_json("w", "agent", "alice", support::msg("four"))
+        .await;
+    h.send_json("w", "agent", "bob", support::msg("five")).await;
+    let out = h.settle("w").await;
+    let rules: Vec<_> = out.field("w", "rule");
+    assert_eq!(
+        rules,
+        [json!(null), json!(null), json!("turns")],
+        "still max = 1"
+    );
+    assert!(h.loopguard.is_running());
+}

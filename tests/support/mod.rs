@@ -228,6 +228,30 @@ impl Loopguard {
         self.child.id()
     }
 
+    /// The config file it was started with (tests may rewrite it).
+    pub fn config_path(&self) -> PathBuf {
+        self._dir.path().join("loopguard.toml")
+    }
+
+    /// Sends a signal by name (`HUP`, `TERM`, …).
+    pub fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{name}"), &self.pid().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(ok.success());
+    }
+
+    /// Waits until the log holds `count` lines containing `needle`.
+    pub async fn until_logged(&self, needle: &str, count: usize) {
+        within(&format!("{count} log lines with {needle:?}"), async {
+            while self.logs().matches(needle).count() < count {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+    }
+
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
