@@ -72,6 +72,8 @@ pub struct Admin {
     pub clock: Arc<dyn Clock>,
     /// Empty: the admin API is disabled (403).
     pub admin_token: String,
+    /// `state.context_messages`: 0 means no context is kept (404).
+    pub context_messages: usize,
 }
 
 /// Serves HTTP on `listener` until the task is dropped.
@@ -170,6 +172,9 @@ pub fn handle(admin: &Admin, req: Request<Incoming>) -> Reply {
             }
         }
         (&Method::GET, ["v1", "worlds", world]) => world_view(admin, world),
+        (&Method::GET, ["v1", "worlds", world, "agents", agent, "context"]) => {
+            context(admin, world, agent, req.uri().query())
+        }
         (&Method::POST, ["v1", "worlds", world, "reset"]) => reset(admin, &req, world),
         (
             _,
@@ -199,6 +204,52 @@ fn world_view(admin: &Admin, raw: &str) -> Reply {
         Ok(body) => reply(StatusCode::OK, "application/json", body),
         Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
+}
+
+/// An agent's clean context: what it was expected to act on plus its own
+/// messages, oldest first, as a JSON array of egress messages.
+fn context(admin: &Admin, world: &str, agent: &str, query: Option<&str>) -> Reply {
+    let (world, agent) = match (Name::parse(world), Name::parse(agent)) {
+        (Ok(w), Ok(a)) => (w, a),
+        (Err(e), _) => return bad_world(e),
+        (_, Err(e)) => return json_error(StatusCode::BAD_REQUEST, format!("agent name {e}")),
+    };
+    if admin.context_messages == 0 {
+        return json_error(
+            StatusCode::NOT_FOUND,
+            "no context is kept: set state.context_messages".into(),
+        );
+    }
+    let limit = query
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("limit=")))
+        .map(|v| v.parse::<usize>().map_err(|_| v.to_string()));
+    let limit = match limit {
+        None => 20,
+        Some(Ok(n)) if n >= 1 => n.min(admin.context_messages),
+        Some(_) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                "limit must be a whole number from 1".into(),
+            )
+        }
+    };
+    let Some(handle) = admin.worlds.get(&world) else {
+        return json_error(
+            StatusCode::NOT_FOUND,
+            format!("no state held for world {world}"),
+        );
+    };
+    let bodies = state::lock(&handle).context_of(&agent, limit);
+    let mut out = Vec::with_capacity(2 + bodies.iter().map(|b| b.len() + 1).sum::<usize>());
+    out.push(b'[');
+    for (i, body) in bodies.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(body);
+    }
+    out.push(b']');
+    reply(StatusCode::OK, "application/json", out)
 }
 
 fn reset(admin: &Admin, req: &Request<Incoming>, raw: &str) -> Reply {

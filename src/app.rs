@@ -77,6 +77,7 @@ pub async fn run(
             readiness: readiness.clone(),
             clock,
             admin_token: config.http.admin_token.clone(),
+            context_messages: config.state.context_messages,
         }),
     ));
 

@@ -432,6 +432,9 @@ pub struct StateConfig {
     pub max_worlds: u64,
     /// A world (or roster entry) untouched this long may be forgotten.
     pub idle_seconds: u64,
+    /// Recent delivered messages kept per world for
+    /// `GET /v1/worlds/{w}/agents/{a}/context`; 0 (the default) keeps none.
+    pub context_messages: usize,
 }
 
 impl Default for StateConfig {
@@ -439,6 +442,7 @@ impl Default for StateConfig {
         StateConfig {
             max_worlds: 100_000,
             idle_seconds: 3600,
+            context_messages: 0,
         }
     }
 }
@@ -793,6 +797,9 @@ impl Config {
         }
         if self.state.max_worlds == 0 {
             return Err(invalid("state.max_worlds", "must be at least 1"));
+        }
+        if self.state.context_messages > 1024 {
+            return Err(invalid("state.context_messages", "must be 0 to 1024"));
         }
         if self.state.idle_seconds == 0 {
             return Err(invalid("state.idle_seconds", "must be at least 1"));

@@ -24,7 +24,7 @@ use crate::names::Name;
 use crate::normalize::normalize_into;
 use crate::routing::{self, Route, Visibility};
 use crate::rules::{self, pass, Candidate, Context, Rejection, RuleName};
-use crate::state::{self, Approved, Lineage, WorldState, Worlds};
+use crate::state::{self, Approved, ContextEntry, Lineage, WorldState, Worlds};
 use crate::subject::{Origin, SenderKind, Subjects};
 
 /// Namespace of the name-based UUIDs used as `Nats-Msg-Id`s, so one ingress
@@ -422,9 +422,16 @@ impl Judge {
             now,
             agent: is_agent.then_some((&sender, limits.rate.max as usize)),
         });
-        drop(w);
-
-        self.deliver(&mut d, &world, kind, &env, &lineage, &route);
+        let body = self.deliver(&mut d, &world, kind, &env, &lineage, &route);
+        let keep = config.state.context_messages;
+        if keep > 0 {
+            let entry = ContextEntry {
+                agent_sender: is_agent.then(|| sender.clone()),
+                inboxes: route.inboxes.clone(),
+                body,
+            };
+            w.remember_context(entry, keep);
+        }
         d
     }
 
@@ -477,7 +484,7 @@ impl Judge {
     }
 
     /// Serialises the approved message once and queues one copy per
-    /// destination, each with its own stable `Nats-Msg-Id`.
+    /// destination, each with its own stable `Nats-Msg-Id`; returns the body.
     fn deliver(
         &self,
         d: &mut Decision,
@@ -486,7 +493,7 @@ impl Judge {
         env: &envelope::Envelope,
         lineage: &Lineage,
         route: &Route,
-    ) {
+    ) -> Bytes {
         let body = to_bytes(&Egress {
             fields: &env.fields,
             id: &d.id,
@@ -525,6 +532,7 @@ impl Judge {
             });
             d.delivered_to.push(dest);
         }
+        body
     }
 }
 

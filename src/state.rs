@@ -100,6 +100,8 @@ pub struct WorldState {
     speakers: VecDeque<Name>,
     /// Times of the world's recent approved agent messages (for `budget`).
     agent_approvals: VecDeque<Instant>,
+    /// Recent delivered messages, for agents' clean context (opt-in).
+    context: VecDeque<ContextEntry>,
     idle: Duration,
 }
 
@@ -123,6 +125,7 @@ impl WorldState {
             word_sets: VecDeque::new(),
             speakers: VecDeque::new(),
             agent_approvals: VecDeque::new(),
+            context: VecDeque::new(),
             idle,
         }
     }
@@ -379,6 +382,45 @@ impl WorldState {
         for agent in self.agents.values_mut() {
             agent.approvals.clear();
         }
+    }
+}
+
+/// One delivered message, as an agent's context needs it.
+#[derive(Debug, Clone)]
+pub struct ContextEntry {
+    /// The agent that sent it (none for human and system messages).
+    pub agent_sender: Option<Name>,
+    /// Agents it was delivered to privately.
+    pub inboxes: Vec<Name>,
+    /// The egress JSON, shared with the published copies.
+    pub body: bytes::Bytes,
+}
+
+impl WorldState {
+    /// Keeps a delivered message for the context endpoint, at most `keep`.
+    pub fn remember_context(&mut self, entry: ContextEntry, keep: usize) {
+        if keep == 0 {
+            return;
+        }
+        self.context.push_back(entry);
+        while self.context.len() > keep {
+            self.context.pop_front();
+        }
+    }
+
+    /// What `agent` was expected to act on (its inbox) plus its own
+    /// messages, the last `limit`, oldest first.
+    pub fn context_of(&self, agent: &Name, limit: usize) -> Vec<bytes::Bytes> {
+        let mut picked: Vec<bytes::Bytes> = self
+            .context
+            .iter()
+            .rev()
+            .filter(|e| e.agent_sender.as_ref() == Some(agent) || e.inboxes.contains(agent))
+            .take(limit)
+            .map(|e| e.body.clone())
+            .collect();
+        picked.reverse();
+        picked
     }
 }
 

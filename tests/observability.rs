@@ -394,3 +394,69 @@ async fn core_mode_slow_consumer_drops_are_counted_and_logged() {
     assert_eq!(http(&addr, "GET", "/healthz", &[]).await.0, 200);
     assert_eq!(http(&addr, "GET", "/readyz", &[]).await.0, 200);
 }
+
+#[tokio::test]
+async fn an_agents_context_is_its_inbox_and_its_own_messages_oldest_first() {
+    let mut h = Harness::start(
+        "[state]\ncontext_messages = 10\n[rules.depth]\nmax = 0\n[worlds.w]\nagents = [\"alice\", \"bob\", \"carol\"]\n",
+    )
+    .await;
+    let addr = h.loopguard.http_addr().await;
+    for (kind, who, content, id) in [
+        ("human", "hank", "hello all", "h1"), // broadcast: every inbox
+        ("agent", "alice", "@bob your view?", "a1"), // bob's inbox; alice's own
+        ("agent", "carol", "@alice not for bob", "c1"), // alice's inbox
+        ("agent", "bob", "I think it works", "b1"), // public; bob's own
+        ("system", "ops", "maintenance at noon", "s1"), // public only: nobody's context
+    ] {
+        h.send_json("w", kind, who, json!({"content": content, "id": id}))
+            .await;
+    }
+    h.settle("w").await;
+
+    let ids = |body: &str| -> Vec<String> {
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (status, body) = http(&addr, "GET", "/v1/worlds/w/agents/bob/context", &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(ids(&body), ["h1", "a1", "b1"]);
+    let (_, body) = http(&addr, "GET", "/v1/worlds/w/agents/bob/context?limit=2", &[]).await;
+    assert_eq!(ids(&body), ["a1", "b1"], "the latest two, oldest first");
+    let (_, body) = http(&addr, "GET", "/v1/worlds/w/agents/alice/context", &[]).await;
+    assert_eq!(ids(&body), ["h1", "a1", "c1"]);
+
+    assert_eq!(
+        http(&addr, "GET", "/v1/worlds/nope/agents/bob/context", &[])
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        http(&addr, "GET", "/v1/worlds/w/agents/b%2Ab/context", &[])
+            .await
+            .0,
+        400
+    );
+    assert_eq!(
+        http(&addr, "GET", "/v1/worlds/w/agents/bob/context?limit=0", &[])
+            .await
+            .0,
+        400
+    );
+}
+
+#[tokio::test]
+async fn no_context_is_kept_unless_configured() {
+    let mut h = Harness::start("").await;
+    let addr = h.loopguard.http_addr().await;
+    h.send_json("w", "agent", "alice", msg("@bob hi")).await;
+    h.settle("w").await;
+    let (status, body) = http(&addr, "GET", "/v1/worlds/w/agents/bob/context", &[]).await;
+    assert_eq!(status, 404);
+    assert!(body.contains("state.context_messages"), "{body}");
+}

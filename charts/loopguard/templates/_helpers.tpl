@@ -93,6 +93,7 @@ max_payload_bytes = {{ include "loopguard.toml" $c.limits.max_payload_bytes }}
 [state]
 max_worlds = {{ include "loopguard.toml" $c.state.max_worlds }}
 idle_seconds = {{ include "loopguard.toml" $c.state.idle_seconds }}
+context_messages = {{ include "loopguard.toml" $c.state.context_messages }}
 
 [shutdown]
 grace_seconds = {{ include "loopguard.toml" $c.shutdown.grace_seconds }}
