@@ -21,9 +21,10 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::clock::Clock;
+use crate::judge::Judge;
 use crate::metrics::Metrics;
 use crate::names::Name;
-use crate::state::{self, Worlds};
+use crate::state::{self, Conversation};
 
 /// Most HTTP connections served at once.
 pub const MAX_CONNECTIONS: usize = 256;
@@ -67,7 +68,8 @@ impl Readiness {
 /// Everything a request handler may read.
 pub struct Admin {
     pub metrics: Metrics,
-    pub worlds: Worlds,
+    /// The worlds and the settings in force (reloads included).
+    pub judge: Arc<Judge>,
     pub readiness: Arc<Readiness>,
     pub clock: Arc<dyn Clock>,
     /// Empty: the admin API is disabled (403).
@@ -147,7 +149,8 @@ pub fn handle(admin: &Admin, req: Request<Incoming>) -> Reply {
         .collect();
     match (req.method(), segments.as_slice()) {
         (&Method::GET, ["metrics"]) => {
-            admin.metrics.worlds.set(admin.worlds.len() as i64);
+            admin.metrics.worlds.set(admin.judge.worlds().len() as i64);
+            admin.metrics.set_worlds_by_state(worlds_by_state(admin));
             admin
                 .metrics
                 .ready
@@ -184,6 +187,25 @@ pub fn handle(admin: &Admin, req: Request<Incoming>) -> Reply {
     }
 }
 
+/// The conversation window and hot threshold in force.
+fn conversation_limits(admin: &Admin) -> (Duration, u32) {
+    let settings = admin.judge.settings();
+    let c = &settings.config.conversation;
+    (Duration::from_secs(c.window_seconds), c.hot_messages)
+}
+
+/// How many worlds are in each conversation state (computed at scrape:
+/// the state changes with time alone).
+fn worlds_by_state(admin: &Admin) -> [i64; Conversation::ALL.len()] {
+    let now = admin.clock.now();
+    let (window, hot) = conversation_limits(admin);
+    let mut counts = [0; Conversation::ALL.len()];
+    admin.judge.worlds().for_each(|_, handle| {
+        counts[state::lock(handle).conversation(now, window, hot) as usize] += 1;
+    });
+    counts
+}
+
 fn bad_world(e: crate::names::NameError) -> Reply {
     json_error(StatusCode::BAD_REQUEST, format!("world name {e}"))
 }
@@ -193,13 +215,16 @@ fn world_view(admin: &Admin, raw: &str) -> Reply {
         Ok(w) => w,
         Err(e) => return bad_world(e),
     };
-    let Some(handle) = admin.worlds.get(&world) else {
+    let Some(handle) = admin.judge.worlds().get(&world) else {
         return json_error(
             StatusCode::NOT_FOUND,
             format!("no state held for world {world}"),
         );
     };
-    let view = state::lock(&handle).view(&world, admin.clock.now());
+    let now = admin.clock.now();
+    let (window, hot) = conversation_limits(admin);
+    let w = state::lock(&handle);
+    let view = w.view(&world, now, w.conversation(now, window, hot));
     match serde_json::to_vec(&view) {
         Ok(body) => reply(StatusCode::OK, "application/json", body),
         Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
@@ -233,7 +258,7 @@ fn context(admin: &Admin, world: &str, agent: &str, query: Option<&str>) -> Repl
             )
         }
     };
-    let Some(handle) = admin.worlds.get(&world) else {
+    let Some(handle) = admin.judge.worlds().get(&world) else {
         return json_error(
             StatusCode::NOT_FOUND,
             format!("no state held for world {world}"),
@@ -276,7 +301,7 @@ fn reset(admin: &Admin, req: &Request<Incoming>, raw: &str) -> Reply {
         Ok(w) => w,
         Err(e) => return bad_world(e),
     };
-    if let Some(handle) = admin.worlds.get(&world) {
+    if let Some(handle) = admin.judge.worlds().get(&world) {
         state::lock(&handle).reset();
     }
     tracing::info!(world = %world, "world reset through the admin API");

@@ -73,7 +73,7 @@ pub async fn run(
         listener,
         Arc::new(Admin {
             metrics: metrics.clone(),
-            worlds: judge.worlds().clone(),
+            judge: judge.clone(),
             readiness: readiness.clone(),
             clock,
             admin_token: config.http.admin_token.clone(),

@@ -61,6 +61,7 @@ pub struct Config {
     pub shutdown: ShutdownConfig,
     pub log: LogConfig,
     pub runtime: RuntimeConfig,
+    pub conversation: ConversationConfig,
     /// Per-world overrides, keyed by world name. Not settable from the
     /// environment (contract §6).
     pub worlds: BTreeMap<String, WorldOverride>,
@@ -460,6 +461,48 @@ impl Default for ShutdownConfig {
     }
 }
 
+/// How a world's conversation state is read (`GET /v1/worlds/{w}`, the
+/// `loopguard_worlds_by_state` gauge, the `concluded` rule).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConversationConfig {
+    /// Activity is compared over two such windows: the last, and the one before.
+    pub window_seconds: u64,
+    /// Messages in the last window (from 2+ speakers) that make a world hot.
+    pub hot_messages: u32,
+    /// Phrases that conclude a conversation until a human speaks again
+    /// (matched as whole words in the normalised content).
+    pub conclusion_phrases: Vec<String>,
+}
+
+impl Default for ConversationConfig {
+    fn default() -> Self {
+        let phrases = [
+            "thanks everyone",
+            "thank you everyone",
+            "thanks all",
+            "thank you all",
+            "that s all",
+            "that is all",
+            "that will be all",
+            "we re done",
+            "we are done",
+            "all done here",
+            "signing off",
+            "goodbye everyone",
+            "bye everyone",
+            "meeting adjourned",
+            "let s wrap up here",
+            "case closed",
+        ];
+        ConversationConfig {
+            window_seconds: 60,
+            hot_messages: 10,
+            conclusion_phrases: phrases.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+}
+
 /// Threads of the async runtime.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -519,6 +562,7 @@ pub struct RulesConfig {
     pub similar: SimilarLimit,
     pub low_content: LowContentLimit,
     pub budget: BudgetLimit,
+    pub concluded: ConcludedLimit,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -710,6 +754,14 @@ impl Default for BudgetLimit {
     }
 }
 
+/// Rule 11, `concluded`: once a world is concluded, agents speak only when
+/// mentioned, until a human speaks again.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConcludedLimit {
+    pub enabled: bool,
+}
+
 /// A `[worlds.NAME]` section as written: agents, and rule keys that replace
 /// the global ones for that world only.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -797,6 +849,15 @@ impl Config {
         }
         if self.state.max_worlds == 0 {
             return Err(invalid("state.max_worlds", "must be at least 1"));
+        }
+        if self.conversation.window_seconds == 0 {
+            return Err(invalid("conversation.window_seconds", "must be at least 1"));
+        }
+        if self.conversation.conclusion_phrases.len() > 1000 {
+            return Err(invalid(
+                "conversation.conclusion_phrases",
+                "at most 1000 phrases",
+            ));
         }
         if self.state.context_messages > 1024 {
             return Err(invalid("state.context_messages", "must be 0 to 1024"));

@@ -422,6 +422,15 @@ impl Judge {
             now,
             agent: is_agent.then_some((&sender, limits.rate.max as usize)),
         });
+        let concludes =
+            rules::concluded::concludes(&env.content, &config.conversation.conclusion_phrases);
+        w.observe_conversation(
+            kind == SenderKind::Human,
+            &sender,
+            concludes,
+            &route.inboxes,
+            now,
+        );
         let body = self.deliver(&mut d, &world, kind, &env, &lineage, &route);
         let keep = config.state.context_messages;
         if keep > 0 {

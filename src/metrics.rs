@@ -26,6 +26,8 @@ pub struct Metrics {
     /// 1 while `/readyz` answers 200; what "not ready" alerts watch.
     pub ready: IntGauge,
     dropped: IntCounterVec,
+    /// Worlds per conversation state, by `Conversation as usize`.
+    by_state: [IntGauge; 5],
     /// Configuration reloads: [succeeded, refused].
     reloads: [IntCounter; 2],
     /// When each drop reason was last logged, and how many since.
@@ -198,6 +200,19 @@ impl Metrics {
             "Messages lost or outputs not sent, by reason (a lower bound for slow consumers).",
             &["reason"],
         );
+        let by_state_vec = prometheus::IntGaugeVec::new(
+            Opts::new(
+                "loopguard_worlds_by_state",
+                "Worlds held, by conversation state (cold, warming, hot, cooling, concluded).",
+            ),
+            &["state"],
+        )
+        .expect("static gauge");
+        registry
+            .register(Box::new(by_state_vec.clone()))
+            .expect("each metric is registered once");
+        let by_state =
+            crate::state::Conversation::ALL.map(|c| by_state_vec.with_label_values(&[c.as_str()]));
         let reloads_vec = counter_vec(
             "loopguard_config_reloads_total",
             "Configuration reloads (SIGHUP), by result: success, or failure (the old configuration stays).",
@@ -236,7 +251,15 @@ impl Metrics {
             ready,
             dropped,
             reloads,
+            by_state,
             drop_log: Arc::new(Default::default()),
+        }
+    }
+
+    /// Sets the per-state world counts.
+    pub fn set_worlds_by_state(&self, counts: [i64; 5]) {
+        for (gauge, n) in self.by_state.iter().zip(counts) {
+            gauge.set(n);
         }
     }
 

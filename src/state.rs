@@ -27,6 +27,10 @@ pub const MAX_DUPLICATE_WINDOW: usize = 1024;
 pub const MAX_SPEAKERS: usize = 8 * 33;
 /// Most approved messages whose content words the `similar` rule compares.
 pub const MAX_SIMILAR_WINDOW: usize = 256;
+/// Most recent messages whose times and speakers the conversation state reads.
+pub const MAX_ACTIVITY: usize = 512;
+/// Most agents remembered as mentioned since a conclusion.
+pub const MAX_MENTIONED: usize = 64;
 /// Most approval times held for the `budget` rule (its `max` is capped too).
 pub const MAX_BUDGET_WINDOW: usize = 10_000;
 
@@ -102,6 +106,12 @@ pub struct WorldState {
     agent_approvals: VecDeque<Instant>,
     /// Recent delivered messages, for agents' clean context (opt-in).
     context: VecDeque<ContextEntry>,
+    /// (approved at, speaker) of recent messages, for the conversation state.
+    activity: VecDeque<(Instant, Name)>,
+    /// A conclusion phrase was approved and no human has spoken since.
+    concluded: bool,
+    /// Agents mentioned since the conclusion, each allowed one reply.
+    mentioned: Vec<Name>,
     idle: Duration,
 }
 
@@ -126,6 +136,9 @@ impl WorldState {
             speakers: VecDeque::new(),
             agent_approvals: VecDeque::new(),
             context: VecDeque::new(),
+            activity: VecDeque::new(),
+            concluded: false,
+            mentioned: Vec::new(),
             idle,
         }
     }
@@ -385,6 +398,120 @@ impl WorldState {
     }
 }
 
+/// Where a world's conversation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Conversation {
+    /// Nothing in the last window.
+    Cold,
+    /// Active, and not less than in the window before.
+    Warming,
+    /// At least `conversation.hot_messages` from two or more speakers.
+    Hot,
+    /// Less active than in the window before.
+    Cooling,
+    /// A conclusion was approved; no human has spoken since.
+    Concluded,
+}
+
+impl Conversation {
+    pub const ALL: [Conversation; 5] = [
+        Conversation::Cold,
+        Conversation::Warming,
+        Conversation::Hot,
+        Conversation::Cooling,
+        Conversation::Concluded,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Conversation::Cold => "cold",
+            Conversation::Warming => "warming",
+            Conversation::Hot => "hot",
+            Conversation::Cooling => "cooling",
+            Conversation::Concluded => "concluded",
+        }
+    }
+}
+
+impl WorldState {
+    /// Records an approved message for the conversation state: its time and
+    /// speaker; a conclusion concludes, a human reopens, and after a
+    /// conclusion the agents a message mentions may each reply once.
+    pub fn observe_conversation(
+        &mut self,
+        human: bool,
+        speaker: &Name,
+        concludes: bool,
+        inboxes: &[Name],
+        now: Instant,
+    ) {
+        self.activity.push_back((now, speaker.clone()));
+        if self.activity.len() > MAX_ACTIVITY {
+            self.activity.pop_front();
+        }
+        if concludes {
+            self.concluded = true;
+            self.mentioned.clear();
+            return;
+        }
+        if human {
+            self.concluded = false;
+            self.mentioned.clear();
+            return;
+        }
+        if self.concluded {
+            self.mentioned.retain(|a| a != speaker); // its reply is used
+            for agent in inboxes {
+                if !self.mentioned.contains(agent) && self.mentioned.len() < MAX_MENTIONED {
+                    self.mentioned.push(agent.clone());
+                }
+            }
+        }
+    }
+
+    pub fn is_concluded(&self) -> bool {
+        self.concluded
+    }
+
+    /// After a conclusion: `agent` was mentioned and has not replied yet.
+    pub fn may_reply_after_conclusion(&self, agent: &Name) -> bool {
+        self.mentioned.contains(agent)
+    }
+
+    /// The conversation state at `now`.
+    pub fn conversation(&self, now: Instant, window: Duration, hot_messages: u32) -> Conversation {
+        if self.concluded {
+            return Conversation::Concluded;
+        }
+        let age = |at: &Instant| now.saturating_duration_since(*at);
+        let mut speakers: Vec<&Name> = Vec::new();
+        let (mut recent, mut previous) = (0u32, 0u32);
+        for (at, who) in self.activity.iter().rev() {
+            let a = age(at);
+            if a < window {
+                recent += 1;
+                if !speakers.contains(&who) {
+                    speakers.push(who);
+                }
+            } else if a < window * 2 {
+                previous += 1;
+            } else {
+                break;
+            }
+        }
+        if recent == 0 {
+            Conversation::Cold
+        } else if recent >= hot_messages.max(1) && speakers.len() >= 2 {
+            Conversation::Hot
+        } else if recent >= previous {
+            Conversation::Warming
+        } else {
+            Conversation::Cooling
+        }
+    }
+}
+
 /// One delivered message, as an agent's context needs it.
 #[derive(Debug, Clone)]
 pub struct ContextEntry {
@@ -430,6 +557,7 @@ pub struct WorldView {
     pub world: Name,
     pub turns: u32,
     pub paused: bool,
+    pub conversation: Conversation,
     pub roster: Vec<Name>,
     /// Recent activity of each roster agent.
     pub agents: std::collections::BTreeMap<Name, AgentView>,
@@ -449,7 +577,7 @@ pub struct AgentView {
 
 impl WorldState {
     /// A snapshot for the HTTP view.
-    pub fn view(&self, world: &Name, now: Instant) -> WorldView {
+    pub fn view(&self, world: &Name, now: Instant, conversation: Conversation) -> WorldView {
         let rate_window = Duration::from_secs(self.settings.rules.rate.window_seconds);
         let ago = |t: Instant| now.saturating_duration_since(t).as_secs_f64();
         let roster = self.roster(now);
@@ -474,6 +602,7 @@ impl WorldState {
             world: world.clone(),
             turns: self.turns,
             paused: self.paused,
+            conversation,
             roster,
             agents,
         }
@@ -538,6 +667,13 @@ impl Worlds {
                 now,
             )))
         })
+    }
+
+    /// Calls `f` for every world held.
+    pub fn for_each(&self, mut f: impl FnMut(&Name, &WorldHandle)) {
+        for (name, handle) in self.cache.iter() {
+            f(&name, &handle);
+        }
     }
 
     /// The world's state if it is held.
@@ -706,6 +842,42 @@ mod tests {
         }
         assert_eq!(worlds.len(), 3);
         assert!(worlds.get(&name("w0")).is_none());
+    }
+
+    #[test]
+    fn conversation_state_follows_activity_speakers_and_conclusions() {
+        let (mut w, t0) = world(&[]);
+        let (win, hot) = (Duration::from_secs(60), 4);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(w.conversation(t0, win, hot), Conversation::Cold);
+        let (a, b, h) = (name("a"), name("b"), name("h"));
+        w.observe_conversation(false, &a, false, &[], at(0));
+        assert_eq!(w.conversation(at(1), win, hot), Conversation::Warming);
+        for i in 0..4 {
+            w.observe_conversation(
+                false,
+                if i % 2 == 0 { &a } else { &b },
+                false,
+                &[],
+                at(10 + i),
+            );
+        }
+        assert_eq!(w.conversation(at(20), win, hot), Conversation::Hot);
+        // one speaker alone is not hot, however many messages
+        let (mut solo, _) = world(&[]);
+        for i in 0..10 {
+            solo.observe_conversation(false, &a, false, &[], at(i));
+        }
+        assert_eq!(solo.conversation(at(11), win, hot), Conversation::Warming);
+        // a quieter minute after a busy one is cooling, then cold
+        w.observe_conversation(false, &a, false, &[], at(70));
+        assert_eq!(w.conversation(at(75), win, hot), Conversation::Cooling);
+        assert_eq!(w.conversation(at(200), win, hot), Conversation::Cold);
+        // concluded until a human speaks
+        w.observe_conversation(true, &h, true, &[], at(201));
+        assert_eq!(w.conversation(at(202), win, hot), Conversation::Concluded);
+        w.observe_conversation(true, &h, false, &[], at(203));
+        assert_ne!(w.conversation(at(204), win, hot), Conversation::Concluded);
     }
 
     #[test]

@@ -18,6 +18,7 @@ const KNOWN: &[&str] = &[
     "loopguard_ready",
     "loopguard_dropped_total",
     "loopguard_config_reloads_total",
+    "loopguard_worlds_by_state",
     "up",
 ];
 

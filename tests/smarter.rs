@@ -203,3 +203,75 @@ async fn similar_catches_a_reworded_echo_and_leaves_distinct_answers_alone() {
         "{reason}"
     );
 }
+
+#[tokio::test]
+async fn a_concluded_conversation_lets_agents_speak_only_when_mentioned_until_a_human_speaks() {
+    let mut h = Harness::start(&format!(
+        "{BASE}[rules.concluded]\nenabled = true\n[worlds.w]\nagents = [\"alice\", \"bob\"]\n"
+    ))
+    .await;
+    let addr = h.loopguard.http_addr().await;
+    h.send_json(
+        "w",
+        "agent",
+        "alice",
+        msg("here is the summary of the plan"),
+    )
+    .await;
+    h.send_json("w", "human", "hank", msg("Great work, thanks everyone!"))
+        .await;
+    h.send_json("w", "agent", "bob", msg("one more idea nobody asked for"))
+        .await;
+    h.send_json(
+        "w",
+        "human",
+        "hank",
+        msg("@alice one last question: the date?"),
+    )
+    .await;
+    let out = h.settle("w").await;
+    assert_eq!(
+        out.field("w", "rule"),
+        [json!(null), json!(null), json!("concluded"), json!(null)]
+    );
+    // hank's question reopened the world: a human spoke
+    let (_, body) = support::http(&addr, "GET", "/v1/worlds/w", &[]).await;
+    let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_ne!(view["conversation"], "concluded");
+
+    // Concluded by an agent; a (system) mention lets exactly one reply through.
+    h.send_json(
+        "w",
+        "agent",
+        "alice",
+        msg("Friday. That's all from me, thanks everyone"),
+    )
+    .await;
+    h.send_json("w", "agent", "bob", msg("one more thing from me"))
+        .await;
+    h.send_json("w", "system", "ops", msg("@alice please confirm the room"))
+        .await;
+    h.send_json("w", "agent", "alice", msg("Room 4 is confirmed"))
+        .await;
+    h.send_json("w", "agent", "alice", msg("and another thing"))
+        .await;
+    let out = h.settle("w").await;
+    assert_eq!(
+        out.field("w", "rule"),
+        [
+            json!(null),
+            json!("concluded"),
+            json!(null),
+            json!(null),
+            json!("concluded")
+        ]
+    );
+    let (_, body) = support::http(&addr, "GET", "/v1/worlds/w", &[]).await;
+    let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(view["conversation"], "concluded");
+    let scrape = support::Scrape::take(&addr).await;
+    assert_eq!(
+        scrape.get("loopguard_worlds_by_state", &[("state", "concluded")]),
+        1.0
+    );
+}

@@ -7,6 +7,7 @@
 
 mod alternation;
 mod budget;
+pub mod concluded;
 mod cooldown;
 mod depth;
 mod duplicate;
@@ -25,6 +26,7 @@ use crate::state::WorldState;
 
 pub use alternation::Alternation;
 pub use budget::Budget;
+pub use concluded::Concluded;
 pub use cooldown::Cooldown;
 pub use depth::Depth;
 pub use duplicate::Duplicate;
@@ -48,11 +50,12 @@ pub enum RuleName {
     Similar,
     LowContent,
     Budget,
+    Concluded,
 }
 
 impl RuleName {
     /// Every rule name, in declaration order (`RuleName as usize` indexes it).
-    pub const ALL: [RuleName; 12] = [
+    pub const ALL: [RuleName; 13] = [
         RuleName::Invalid,
         RuleName::TooLarge,
         RuleName::Pass,
@@ -65,6 +68,7 @@ impl RuleName {
         RuleName::Similar,
         RuleName::LowContent,
         RuleName::Budget,
+        RuleName::Concluded,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -81,6 +85,7 @@ impl RuleName {
             RuleName::Similar => "similar",
             RuleName::LowContent => "low_content",
             RuleName::Budget => "budget",
+            RuleName::Concluded => "concluded",
         }
     }
 }
@@ -168,7 +173,7 @@ pub trait Rule: Send + Sync {
 
 /// Rules 2-6 in the order the contract applies them, then the rules this
 /// project adds (7-9, off by default).
-pub static LOOP_RULES: [&dyn Rule; 9] = [
+pub static LOOP_RULES: [&dyn Rule; 10] = [
     &Turns,
     &Depth,
     &Duplicate,
@@ -178,6 +183,7 @@ pub static LOOP_RULES: [&dyn Rule; 9] = [
     &Similar,
     &LowContent,
     &Budget,
+    &Concluded,
 ];
 
 /// The first rule that fails, if any.
@@ -385,7 +391,8 @@ mod tests {
                 "alternation",
                 "similar",
                 "low_content",
-                "budget"
+                "budget",
+                "concluded"
             ]
         );
     }

@@ -104,6 +104,11 @@ level = {{ include "loopguard.toml" $c.log.level }}
 
 [runtime]
 threads = {{ include "loopguard.toml" $c.runtime.threads }}
+
+[conversation]
+{{- range $k, $v := $c.conversation }}
+{{ $k }} = {{ include "loopguard.toml" $v }}
+{{- end }}
 {{- range $rule, $keys := $c.rules }}
 
 [rules.{{ $rule }}]

@@ -1,0 +1,97 @@
+//! Rule 11, `concluded`: once a conversation is concluded ("thanks
+//! everyone", "that's all"), agents speak only when mentioned — one reply
+//! per mention — until a human speaks again. Keeps agents from reviving a
+//! finished conversation among themselves.
+
+use super::low_content::substance;
+use super::{Context, Rule, RuleName, Verdict};
+
+pub struct Concluded;
+
+impl Rule for Concluded {
+    fn name(&self) -> RuleName {
+        RuleName::Concluded
+    }
+
+    fn check(&self, cx: &Context<'_>) -> Verdict {
+        if cx.limits.concluded.enabled
+            && cx.world.is_concluded()
+            && !cx.world.may_reply_after_conclusion(cx.msg.sender)
+        {
+            return Verdict::reject(
+                self.name(),
+                "the conversation was concluded; agents speak only when mentioned until a human speaks again"
+                    .to_string(),
+            );
+        }
+        Verdict::Allow
+    }
+}
+
+/// True when `content` holds one of `phrases` as whole words, compared
+/// after normalisation with punctuation and emoji removed.
+pub fn concludes(content: &str, phrases: &[String]) -> bool {
+    let text = format!(" {} ", substance(content));
+    phrases.iter().any(|p| {
+        let p = substance(p);
+        !p.is_empty() && text.contains(&format!(" {p} "))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ConversationConfig, RulesConfig};
+    use crate::names::Name;
+    use crate::rules::testing::Fixture;
+
+    fn phrases() -> Vec<String> {
+        ConversationConfig::default().conclusion_phrases
+    }
+
+    #[test]
+    fn conclusions_are_found_as_whole_words() {
+        assert!(concludes("OK, thanks everyone!", &phrases()));
+        assert!(concludes("That's all for today.", &phrases()));
+        assert!(
+            !concludes("Is that all we need?", &phrases()),
+            "a question is no conclusion"
+        );
+        assert!(!concludes("thanks everybody for the logs", &phrases()));
+        assert!(!concludes("thanks, will do", &phrases()));
+    }
+
+    #[test]
+    fn after_a_conclusion_only_mentioned_agents_speak_once_until_a_human_does() {
+        let mut l = RulesConfig::default();
+        l.concluded.enabled = true;
+        let mut f = Fixture::new(l);
+        let (alice, bob) = (Name::parse("alice").unwrap(), Name::parse("bob").unwrap());
+        let now = f.at(0);
+        f.world
+            .observe_conversation(true, &Name::parse("hank").unwrap(), true, &[], now);
+        assert!(f.check_as(&Concluded, "alice").rejects());
+        // bob mentions alice: alice may reply once
+        f.world
+            .observe_conversation(false, &bob, false, std::slice::from_ref(&alice), now);
+        assert!(f.check_as(&Concluded, "alice").allows());
+        f.world.observe_conversation(false, &alice, false, &[], now);
+        assert!(
+            f.check_as(&Concluded, "alice").rejects(),
+            "one reply per mention"
+        );
+        // a human reopens
+        f.world
+            .observe_conversation(true, &Name::parse("hank").unwrap(), false, &[], now);
+        assert!(f.check_as(&Concluded, "alice").allows());
+    }
+
+    #[test]
+    fn off_by_default() {
+        let mut f = Fixture::new(RulesConfig::default());
+        let now = f.at(0);
+        f.world
+            .observe_conversation(true, &Name::parse("hank").unwrap(), true, &[], now);
+        assert!(f.check_as(&Concluded, "alice").allows());
+    }
+}
