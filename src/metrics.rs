@@ -279,7 +279,14 @@ impl Metrics {
         if last.is_none_or(|t| now.duration_since(t) >= DROP_LOG_INTERVAL) {
             *last = Some(now);
             log.since.store(0, Ordering::Relaxed);
-            tracing::warn!(reason = reason.as_str(), count = since, %detail, "messages dropped");
+            match reason {
+                DropReason::ClientError => {
+                    tracing::warn!(reason = reason.as_str(), count = since, %detail, "NATS client error")
+                }
+                _ => {
+                    tracing::warn!(reason = reason.as_str(), count = since, %detail, "messages dropped")
+                }
+            }
         }
     }
 

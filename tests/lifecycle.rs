@@ -353,3 +353,97 @@ async fn sighup_reloads_rules_without_a_restart_and_refuses_an_invalid_config() 
     );
     assert!(h.loopguard.is_running());
 }
+
+/// A CA and a server certificate for 127.0.0.1, made with the openssl CLI.
+fn make_certs(dir: &std::path::Path) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl runs");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=loopguard-test-ca",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+}
+
+#[tokio::test]
+async fn connects_over_tls_with_a_private_ca_and_refuses_an_unknown_one() {
+    let certs = tempfile::tempdir().unwrap();
+    make_certs(certs.path());
+    let path = |f: &str| certs.path().join(f).to_str().unwrap().to_string();
+    let nats = NatsServer::start_with(&[
+        "--tls",
+        "--tlscert",
+        &path("server.pem"),
+        "--tlskey",
+        &path("server.key"),
+    ]);
+    let url = format!("tls://127.0.0.1:{}", nats.port);
+
+    let trusted = Loopguard::spawn_env(
+        &url,
+        "",
+        &[("LOOPGUARD__NATS__TLS__CA_FILE", &path("ca.pem"))],
+    );
+    until_ready(&trusted).await;
+
+    // Without the private CA the server certificate cannot be verified.
+    let untrusted = Loopguard::spawn(&url, "");
+    let addr = untrusted.http_addr().await;
+    untrusted.until_logged("NATS client error", 1).await;
+    assert_eq!(support::http(&addr, "GET", "/readyz", &[]).await.0, 503);
+    assert!(
+        !trusted.logs().contains("NATS client error"),
+        "{}",
+        trusted.logs()
+    );
+}
