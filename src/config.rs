@@ -563,6 +563,7 @@ pub struct RulesConfig {
     pub low_content: LowContentLimit,
     pub budget: BudgetLimit,
     pub concluded: ConcludedLimit,
+    pub policy: PolicyHook,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -762,6 +763,39 @@ pub struct ConcludedLimit {
     pub enabled: bool,
 }
 
+/// What to do when the policy service does not answer in time or answers
+/// nonsense.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailMode {
+    /// Deliver the message (availability first).
+    #[default]
+    Open,
+    /// Reject the message (safety first).
+    Closed,
+}
+
+/// The policy hook: after every cheap rule approved an agent message, ask an
+/// external service (any language) over NATS request/reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyHook {
+    /// Request subject; empty disables the hook.
+    pub subject: String,
+    pub timeout_ms: u64,
+    pub fail: FailMode,
+}
+
+impl Default for PolicyHook {
+    fn default() -> Self {
+        PolicyHook {
+            subject: String::new(),
+            timeout_ms: 500,
+            fail: FailMode::Open,
+        }
+    }
+}
+
 /// A `[worlds.NAME]` section as written: agents, and rule keys that replace
 /// the global ones for that world only.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -933,6 +967,24 @@ fn validate_rules(key: &str, rules: &RulesConfig) -> Result<(), ConfigError> {
         return Err(invalid(
             format!("{key}.similar.threshold"),
             "must be 0.0 to 1.0",
+        ));
+    }
+    let subject_ok = rules.policy.subject.is_empty()
+        || rules
+            .policy
+            .subject
+            .split('.')
+            .all(|t| !t.is_empty() && t.bytes().all(crate::names::is_name_byte));
+    if !subject_ok {
+        return Err(invalid(
+            format!("{key}.policy.subject"),
+            "must be dot-separated tokens of A-Z, a-z, 0-9, '_' and '-' (no wildcards)",
+        ));
+    }
+    if !rules.policy.subject.is_empty() && rules.policy.timeout_ms == 0 {
+        return Err(invalid(
+            format!("{key}.policy.timeout_ms"),
+            "must be at least 1",
         ));
     }
     if rules.budget.max as usize > crate::state::MAX_BUDGET_WINDOW {

@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::clock::{rfc3339, Clock};
-use crate::config::{Mode, Settings};
+use crate::config::{FailMode, Mode, Settings};
 use crate::envelope::{self, EnvelopeError};
 use crate::events;
 use crate::metrics::{Handoff, Metrics, Outcome};
@@ -62,6 +62,9 @@ pub struct Decision {
     pub handoff: Option<Handoff>,
     /// Egress copies, then any notice, then the event: in publish order.
     pub outbound: Vec<Outbound>,
+    /// Set when the policy hook must be asked before this decision is final
+    /// (see `finish`); not yet reported.
+    pub policy: Option<PolicyCheck>,
     pub observed_at: String,
 }
 
@@ -89,9 +92,28 @@ impl Decision {
             delivered_to: Vec::new(),
             handoff: None,
             outbound: Vec::new(),
+            policy: None,
             observed_at,
         }
     }
+}
+
+/// A pending question to the policy service.
+#[derive(Debug, Clone)]
+pub struct PolicyCheck {
+    pub subject: String,
+    pub timeout: std::time::Duration,
+    pub fail: FailMode,
+    /// The message as it would be delivered (its egress JSON).
+    pub request: Bytes,
+}
+
+/// What the policy service said, or why it said nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicyOutcome {
+    Approve,
+    Reject(String),
+    Failed { timeout: bool, why: String },
 }
 
 /// The egress payload (contract §4): the ingress fields plus loopguard's.
@@ -247,15 +269,53 @@ impl Judge {
                 sender,
             } => self.decide_raw(&settings, world, kind, sender, payload, fallback_id),
         };
-        if let Some(event) =
-            events::report(&decision, &settings.config, &self.subjects, &self.metrics)
-        {
-            decision.outbound.push(event);
-        }
         self.metrics
             .decision_duration
             .observe(started.elapsed().as_secs_f64());
+        if decision.policy.is_none() {
+            self.report(&mut decision, &settings);
+        }
         Some(decision)
+    }
+
+    /// Logs and counts a final decision and queues its event.
+    fn report(&self, d: &mut Decision, settings: &Settings) {
+        if let Some(event) = events::report(d, &settings.config, &self.subjects, &self.metrics) {
+            d.outbound.push(event);
+        }
+    }
+
+    /// Completes a decision that waited for the policy hook: applies the
+    /// answer (or the configured failure mode), then reports it.
+    pub fn finish(&self, mut d: Decision, check: &PolicyCheck, outcome: PolicyOutcome) -> Decision {
+        let settings = self.settings();
+        self.metrics.policy(&outcome);
+        let rejection = match outcome {
+            PolicyOutcome::Approve => None,
+            PolicyOutcome::Reject(reason) => Some(format!("policy: {reason}")),
+            PolicyOutcome::Failed { why, .. } => match check.fail {
+                FailMode::Open => {
+                    d.reason =
+                        format!("{}; policy check failed ({why}), failing open", d.reason).into();
+                    None
+                }
+                FailMode::Closed => Some(format!("policy check failed ({why}), failing closed")),
+            },
+        };
+        if let Some(reason) = rejection {
+            if settings.config.mode == Mode::Observe {
+                d.would_reject = Some(RuleName::Policy);
+                d.reason = format!("observe mode: {reason}").into();
+            } else {
+                d.outcome = Outcome::Rejected;
+                d.rule = Some(RuleName::Policy);
+                d.reason = reason.into();
+                d.outbound.clear();
+                d.delivered_to.clear();
+            }
+        }
+        self.report(&mut d, &settings);
+        d
     }
 
     /// Hash of the normalised content, built in a per-thread buffer so the
@@ -354,6 +414,7 @@ impl Judge {
             delivered_to: Vec::new(),
             handoff: None,
             outbound: Vec::new(),
+            policy: None,
             observed_at: received_at,
         };
 
@@ -432,6 +493,19 @@ impl Judge {
             now,
         );
         let body = self.deliver(&mut d, &world, kind, &env, &lineage, &route);
+        let policy = &limits.policy;
+        if is_agent
+            && !policy.subject.is_empty()
+            && d.outcome == Outcome::Approved
+            && d.would_reject.is_none()
+        {
+            d.policy = Some(PolicyCheck {
+                subject: policy.subject.clone(),
+                timeout: std::time::Duration::from_millis(policy.timeout_ms),
+                fail: policy.fail,
+                request: body.clone(),
+            });
+        }
         let keep = config.state.context_messages;
         if keep > 0 {
             let entry = ContextEntry {

@@ -26,6 +26,10 @@ pub struct Metrics {
     /// 1 while `/readyz` answers 200; what "not ready" alerts watch.
     pub ready: IntGauge,
     dropped: IntCounterVec,
+    /// Policy hook answers: [approve, reject, timeout, error].
+    policy: [IntCounter; 4],
+    /// Time the policy service took to answer (or to time out).
+    pub policy_duration: Histogram,
     /// Worlds per conversation state, by `Conversation as usize`.
     by_state: [IntGauge; 5],
     /// Configuration reloads: [succeeded, refused].
@@ -213,6 +217,26 @@ impl Metrics {
             .expect("each metric is registered once");
         let by_state =
             crate::state::Conversation::ALL.map(|c| by_state_vec.with_label_values(&[c.as_str()]));
+        let policy_vec = counter_vec(
+            "loopguard_policy_requests_total",
+            "Policy hook requests, by outcome: approve, reject, timeout, error.",
+            &["outcome"],
+        );
+        let policy =
+            ["approve", "reject", "timeout", "error"].map(|o| policy_vec.with_label_values(&[o]));
+        let policy_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "loopguard_policy_duration_seconds",
+                "Time the policy service took to answer, timeouts included.",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+            ]),
+        )
+        .expect("static histogram");
+        registry
+            .register(Box::new(policy_duration.clone()))
+            .expect("each metric is registered once");
         let reloads_vec = counter_vec(
             "loopguard_config_reloads_total",
             "Configuration reloads (SIGHUP), by result: success, or failure (the old configuration stays).",
@@ -251,6 +275,8 @@ impl Metrics {
             ready,
             dropped,
             reloads,
+            policy,
+            policy_duration,
             by_state,
             drop_log: Arc::new(Default::default()),
         }
@@ -261,6 +287,18 @@ impl Metrics {
         for (gauge, n) in self.by_state.iter().zip(counts) {
             gauge.set(n);
         }
+    }
+
+    /// Counts a policy hook answer.
+    pub fn policy(&self, outcome: &crate::judge::PolicyOutcome) {
+        use crate::judge::PolicyOutcome;
+        let i = match outcome {
+            PolicyOutcome::Approve => 0,
+            PolicyOutcome::Reject(_) => 1,
+            PolicyOutcome::Failed { timeout: true, .. } => 2,
+            PolicyOutcome::Failed { timeout: false, .. } => 3,
+        };
+        self.policy[i].inc();
     }
 
     /// Counts a configuration reload attempt.

@@ -2,7 +2,7 @@
 
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
 
-use crate::judge::Outbound;
+use crate::judge::{Outbound, PolicyCheck, PolicyOutcome};
 use crate::metrics::{DropReason, Metrics};
 
 /// Sends [`Outbound`] messages on one client.
@@ -44,6 +44,50 @@ impl Publisher {
             .statistics()
             .connects
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Asks the policy service about one message: a NATS request with the
+    /// message's egress JSON, answered by `{"decision": "approve"|"reject",
+    /// "reason": "…"}`.
+    pub async fn ask_policy(&self, check: &PolicyCheck) -> PolicyOutcome {
+        let request = self
+            .client
+            .request(check.subject.clone(), check.request.clone());
+        let reply = match tokio::time::timeout(check.timeout, request).await {
+            Err(_) => {
+                return PolicyOutcome::Failed {
+                    timeout: true,
+                    why: format!("no answer within {} ms", check.timeout.as_millis()),
+                }
+            }
+            Ok(Err(e)) => {
+                return PolicyOutcome::Failed {
+                    timeout: false,
+                    why: e.to_string(),
+                }
+            }
+            Ok(Ok(reply)) => reply,
+        };
+        #[derive(serde::Deserialize)]
+        struct Answer {
+            decision: String,
+            #[serde(default)]
+            reason: Option<String>,
+        }
+        match serde_json::from_slice::<Answer>(&reply.payload) {
+            Ok(a) if a.decision == "approve" => PolicyOutcome::Approve,
+            Ok(a) if a.decision == "reject" => PolicyOutcome::Reject(
+                a.reason
+                    .unwrap_or_else(|| "rejected by the policy service".into())
+                    .chars()
+                    .take(500)
+                    .collect(),
+            ),
+            _ => PolicyOutcome::Failed {
+                timeout: false,
+                why: "the answer is not {\"decision\": \"approve\"|\"reject\"}".into(),
+            },
+        }
     }
 
     /// Waits until everything published so far has reached the server.

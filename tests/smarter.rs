@@ -275,3 +275,133 @@ async fn a_concluded_conversation_lets_agents_speak_only_when_mentioned_until_a_
         1.0
     );
 }
+
+/// Answers policy requests on `subject` (subscribed before it returns):
+/// reject what contains "forbidden", approve the rest; counts requests.
+async fn policy_service(
+    client: async_nats::Client,
+    subject: &'static str,
+) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    use futures::StreamExt;
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = asked.clone();
+    let mut sub = client.subscribe(subject).await.unwrap();
+    client.flush().await.unwrap();
+    tokio::spawn(async move {
+        while let Some(m) = sub.next().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let body: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+            let answer = if body["content"].as_str().unwrap_or("").contains("forbidden") {
+                json!({"decision": "reject", "reason": "contains a forbidden word"})
+            } else {
+                json!({"decision": "approve"})
+            };
+            if let Some(reply) = m.reply {
+                client
+                    .publish(reply, answer.to_string().into())
+                    .await
+                    .unwrap();
+            }
+        }
+    });
+    asked
+}
+
+#[tokio::test]
+async fn the_policy_hook_is_asked_after_the_cheap_rules_and_followed() {
+    let mut h = Harness::start(&format!(
+        "{BASE}[rules.policy]\nsubject = \"policy.check\"\ntimeout_ms = 2000\n"
+    ))
+    .await;
+    let asked = policy_service(h.client.clone(), "policy.check").await;
+    h.send_json("w", "human", "hank", msg("humans are not asked"))
+        .await;
+    h.send_json("w", "agent", "alice", msg("a fine answer"))
+        .await;
+    h.send_json("w", "agent", "bob", msg("something forbidden"))
+        .await;
+    h.send_json("w", "agent", "carol", msg("another fine answer"))
+        .await;
+    let out = h.settle("w").await;
+    assert_eq!(
+        out.field("w", "rule"),
+        [json!(null), json!(null), json!("policy"), json!(null)]
+    );
+    assert_eq!(
+        out.events("w")[2].body["reason"],
+        "policy: contains a forbidden word"
+    );
+    assert!(
+        out.public("w").iter().all(|r| r.body["sender"] != "bob"),
+        "rejected means not delivered"
+    );
+    assert_eq!(
+        asked.load(std::sync::atomic::Ordering::SeqCst),
+        3,
+        "only agent messages are asked"
+    );
+    let scrape = support::Scrape::take(&h.loopguard.http_addr().await).await;
+    assert_eq!(
+        scrape.get("loopguard_policy_requests_total", &[("outcome", "approve")]),
+        2.0
+    );
+    assert_eq!(
+        scrape.get("loopguard_policy_requests_total", &[("outcome", "reject")]),
+        1.0
+    );
+    assert_eq!(
+        scrape.get("loopguard_suppressed_total", &[("rule", "policy")]),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn without_an_answer_the_hook_fails_open_or_closed_as_configured() {
+    let mut h = Harness::start(&format!(
+        "{BASE}[rules.policy]\nsubject = \"policy.nobody\"\ntimeout_ms = 300\n\
+         [worlds.strict]\nrules.policy.fail = \"closed\"\n"
+    ))
+    .await;
+    // Nobody answers: "no responders" comes back at once.
+    h.send_json("open", "agent", "alice", msg("hello")).await;
+    let out = h.settle("open").await;
+    let e = &out.event("open").body;
+    assert_eq!(e["decision"], "approved");
+    assert!(
+        e["reason"].as_str().unwrap().contains("failing open"),
+        "{e}"
+    );
+    h.send_json("strict", "agent", "alice", msg("hello")).await;
+    let out = h.settle("strict").await;
+    let e = &out.event("strict").body;
+    assert_eq!(
+        (e["decision"].clone(), e["rule"].clone()),
+        (json!("rejected"), json!("policy"))
+    );
+    assert!(
+        e["reason"].as_str().unwrap().contains("failing closed"),
+        "{e}"
+    );
+    assert!(out.public("strict").is_empty());
+
+    // A service that never answers: the timeout applies.
+    let silent = h.client.subscribe("policy.nobody").await.unwrap();
+    h.client.flush().await.unwrap();
+    h.send_json("open", "agent", "bob", msg("anyone there?"))
+        .await;
+    let out = h.settle("open").await;
+    assert!(out.event("open").body["reason"]
+        .as_str()
+        .unwrap()
+        .contains("no answer within 300 ms"));
+    let scrape = support::Scrape::take(&h.loopguard.http_addr().await).await;
+    assert_eq!(
+        scrape.get("loopguard_policy_requests_total", &[("outcome", "timeout")]),
+        1.0
+    );
+    assert_eq!(
+        scrape.get("loopguard_policy_requests_total", &[("outcome", "error")]),
+        2.0
+    );
+    drop(silent);
+}

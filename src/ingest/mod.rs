@@ -165,13 +165,13 @@ impl Worker {
                     // flight: send exactly those again (same ids).
                     Some(outbound) => outbound,
                     None => {
-                        let outbound = self.decide(origin, &message, Some(&d.stable_id));
+                        let outbound = self.decide(origin, &message, Some(&d.stable_id)).await;
                         replay.insert(d.sequence, outbound.clone());
                         outbound
                     }
                 }
             }
-            _ => self.decide(origin, &message, None),
+            _ => self.decide(origin, &message, None).await,
         };
         for out in outbound.iter() {
             // Failures are logged by the publisher; the next copy still goes.
@@ -182,7 +182,10 @@ impl Worker {
         }
     }
 
-    fn decide(
+    /// Decides one message; when the policy hook is configured and the
+    /// cheap rules approved, asks the policy service first. The worker waits
+    /// for the answer, so its worlds stay in order.
+    async fn decide(
         &self,
         origin: Origin,
         message: &Message,
@@ -193,13 +196,22 @@ impl Worker {
             .as_ref()
             .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
             .map(|v| v.as_str());
-        match self
-            .judge
-            .decide(origin, &message.payload, header_id.or(stable_id))
-        {
-            Some(decision) => decision.outbound.into(),
-            None => Arc::from(Vec::new()),
+        let Some(mut decision) =
+            self.judge
+                .decide(origin, &message.payload, header_id.or(stable_id))
+        else {
+            return Arc::from(Vec::new());
+        };
+        if let Some(check) = decision.policy.take() {
+            let started = std::time::Instant::now();
+            let outcome = self.publisher.ask_policy(&check).await;
+            self.judge
+                .metrics()
+                .policy_duration
+                .observe(started.elapsed().as_secs_f64());
+            decision = self.judge.finish(decision, &check, outcome);
         }
+        decision.outbound.into()
     }
 
     /// Flushes, then acknowledges: an acknowledgement never reaches the

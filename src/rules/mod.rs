@@ -51,11 +51,13 @@ pub enum RuleName {
     LowContent,
     Budget,
     Concluded,
+    /// The external policy service (not one of `LOOP_RULES`: asked after them).
+    Policy,
 }
 
 impl RuleName {
     /// Every rule name, in declaration order (`RuleName as usize` indexes it).
-    pub const ALL: [RuleName; 13] = [
+    pub const ALL: [RuleName; 14] = [
         RuleName::Invalid,
         RuleName::TooLarge,
         RuleName::Pass,
@@ -69,6 +71,7 @@ impl RuleName {
         RuleName::LowContent,
         RuleName::Budget,
         RuleName::Concluded,
+        RuleName::Policy,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -86,6 +89,7 @@ impl RuleName {
             RuleName::LowContent => "low_content",
             RuleName::Budget => "budget",
             RuleName::Concluded => "concluded",
+            RuleName::Policy => "policy",
         }
     }
 }
