@@ -42,12 +42,19 @@ pub enum AppError {
 /// Re-reads the configuration (same file, same environment) on SIGHUP.
 pub type Reload = Box<dyn Fn() -> Result<Settings, crate::config::ConfigError> + Send + Sync>;
 
+/// How to reload: the loader, and the file to watch when
+/// `reload.watch_seconds` asks for it.
+pub struct Reloader {
+    pub load: Reload,
+    pub path: Option<std::path::PathBuf>,
+}
+
 /// Runs loopguard until `stop` resolves, then shuts down gracefully. With
 /// `reload`, SIGHUP applies a new configuration without dropping a message.
 pub async fn run(
     settings: Settings,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
-    reload: Option<Reload>,
+    reload: Option<Reloader>,
 ) -> Result<(), AppError> {
     let settings = Arc::new(settings);
     let config = &settings.config;
@@ -81,8 +88,23 @@ pub async fn run(
         }),
     ));
 
-    if let Some(reload) = reload {
-        tokio::spawn(reload_on_sighup(reload, judge.clone(), metrics.clone()));
+    if let Some(Reloader { load, path }) = reload {
+        let load = Arc::new(load);
+        tokio::spawn(reload_on_sighup(
+            load.clone(),
+            judge.clone(),
+            metrics.clone(),
+        ));
+        let every = config.reload.watch_seconds;
+        if let (Some(path), true) = (path, every > 0) {
+            tokio::spawn(reload_on_change(
+                load,
+                path,
+                Duration::from_secs(every),
+                judge.clone(),
+                metrics.clone(),
+            ));
+        }
     }
 
     let client = connect(&settings, &metrics).await?;
@@ -182,9 +204,58 @@ pub async fn run(
     Ok(())
 }
 
-/// Applies a new configuration on every SIGHUP; an invalid one is refused
+/// Loads the configuration again and applies it; an invalid one is refused
 /// (logged, counted) and the running one stays.
-async fn reload_on_sighup(reload: Reload, judge: Arc<Judge>, metrics: Metrics) {
+fn apply_reload(reload: &Reload, judge: &Judge, metrics: &Metrics, trigger: &'static str) {
+    match reload() {
+        Ok(settings) => {
+            let restart = judge.reload(settings);
+            metrics.reload(true);
+            if restart.is_empty() {
+                tracing::info!(trigger, "configuration reloaded");
+            } else {
+                tracing::warn!(
+                    trigger,
+                    sections = ?restart,
+                    "configuration reloaded; changes to these sections take effect after a restart"
+                );
+            }
+        }
+        Err(e) => {
+            metrics.reload(false);
+            tracing::error!(trigger, error = %e, "configuration reload failed; the running configuration stays");
+        }
+    }
+}
+
+/// Reloads when the file's modification time or size changes.
+async fn reload_on_change(
+    reload: Arc<Reload>,
+    path: std::path::PathBuf,
+    every: Duration,
+    judge: Arc<Judge>,
+    metrics: Metrics,
+) {
+    let stamp = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .ok()
+            .map(|m| (m.modified().ok(), m.len()))
+    };
+    let mut last = stamp(&path);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = stamp(&path);
+        if now != last {
+            last = now;
+            apply_reload(&reload, &judge, &metrics, "file change");
+        }
+    }
+}
+
+/// Applies a new configuration on every SIGHUP.
+async fn reload_on_sighup(reload: Arc<Reload>, judge: Arc<Judge>, metrics: Metrics) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
@@ -196,24 +267,7 @@ async fn reload_on_sighup(reload: Reload, judge: Arc<Judge>, metrics: Metrics) {
             }
         };
         while hup.recv().await.is_some() {
-            match reload() {
-                Ok(settings) => {
-                    let restart = judge.reload(settings);
-                    metrics.reload(true);
-                    if restart.is_empty() {
-                        tracing::info!("configuration reloaded");
-                    } else {
-                        tracing::warn!(
-                            sections = ?restart,
-                            "configuration reloaded; changes to these sections take effect after a restart"
-                        );
-                    }
-                }
-                Err(e) => {
-                    metrics.reload(false);
-                    tracing::error!(error = %e, "configuration reload failed; the running configuration stays");
-                }
-            }
+            apply_reload(&reload, &judge, &metrics, "SIGHUP");
         }
     }
     #[cfg(not(unix))]

@@ -62,6 +62,7 @@ pub struct Config {
     pub log: LogConfig,
     pub runtime: RuntimeConfig,
     pub conversation: ConversationConfig,
+    pub reload: ReloadConfig,
     /// Per-world overrides, keyed by world name. Not settable from the
     /// environment (contract §6).
     pub worlds: BTreeMap<String, WorldOverride>,
@@ -501,6 +502,15 @@ impl Default for ConversationConfig {
             conclusion_phrases: phrases.iter().map(|p| p.to_string()).collect(),
         }
     }
+}
+
+/// Live reload. SIGHUP always reloads; this adds a file watch.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReloadConfig {
+    /// Check the config file's modification time and size this often and
+    /// reload when they change; 0 (the default) watches nothing.
+    pub watch_seconds: u64,
 }
 
 /// Threads of the async runtime.

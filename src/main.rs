@@ -73,8 +73,10 @@ fn main() -> ExitCode {
         }
     };
     let path = args.config.clone();
-    let reload: loopguard::app::Reload =
-        Box::new(move || Config::load(path.as_deref(), std::env::vars()));
+    let reload = loopguard::app::Reloader {
+        load: Box::new(move || Config::load(path.as_deref(), std::env::vars())),
+        path: args.config.clone(),
+    };
     let result = runtime.block_on(loopguard::app::run(
         settings,
         async {

@@ -447,3 +447,32 @@ async fn connects_over_tls_with_a_private_ca_and_refuses_an_unknown_one() {
         trusted.logs()
     );
 }
+
+#[tokio::test]
+async fn a_watched_config_file_is_reloaded_when_it_changes() {
+    let mut h = Harness::start(
+        "[reload]\nwatch_seconds = 1\n[rules.turns]\nmax = 5\n[rules.depth]\nmax = 0\n",
+    )
+    .await;
+    h.send_json("w", "agent", "alice", support::msg("one"))
+        .await;
+    h.send_json("w", "agent", "bob", support::msg("two")).await;
+    assert!(h
+        .settle("w")
+        .await
+        .events("w")
+        .iter()
+        .all(|e| e.body["decision"] == "approved"));
+
+    // No signal: the watch notices the new file.
+    std::fs::write(
+        h.loopguard.config_path(),
+        "[reload]\nwatch_seconds = 1\n# tightened\n[rules.turns]\nmax = 1\n[rules.depth]\nmax = 0\n",
+    )
+    .unwrap();
+    h.loopguard.until_logged("configuration reloaded", 1).await;
+    assert!(h.loopguard.logs().contains("file change"));
+    h.send_json("w", "agent", "alice", support::msg("three"))
+        .await;
+    assert_eq!(h.settle("w").await.event("w").body["rule"], "turns");
+}

@@ -105,6 +105,9 @@ level = {{ include "loopguard.toml" $c.log.level }}
 [runtime]
 threads = {{ include "loopguard.toml" $c.runtime.threads }}
 
+[reload]
+watch_seconds = {{ include "loopguard.toml" $c.reload.watch_seconds }}
+
 [conversation]
 {{- range $k, $v := $c.conversation }}
 {{ $k }} = {{ include "loopguard.toml" $v }}
