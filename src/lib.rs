@@ -4,16 +4,19 @@
 //!
 //! The path of a message is the architecture:
 //!
-//! - [`ingest`]: subscribes to `P.raw.>` and `P.join.>`, and hands each
+//! - [`ingest`]: core subscriptions or a JetStream consumer; hands each
 //!   message to the worker that owns its world (per-world order lives here).
+//!   A worker asks the optional policy service before publishing.
 //! - [`subject`]: parses ingress subjects into an [`subject::Origin`]; the only
 //!   place subjects are built, from validated [`names`] only.
 //! - [`judge`]: one message in, one [`judge::Decision`] out, synchronously:
 //!   - [`envelope`]: payload bytes → content, ids and kept fields;
 //!   - [`state`]: per-world state in a bounded moka cache (roster, turns,
 //!     lineage, windows);
-//!   - [`rules`]: the loop rules, one per file (`pass`, `turns`, `depth`,
-//!     `duplicate`, `cooldown`, `rate`), with [`normalize`] for duplicates;
+//!   - [`rules`]: the loop rules, one per file — the contract's `pass`,
+//!     `turns`, `depth`, `duplicate`, `cooldown`, `rate`, then `alternation`,
+//!     `similar`, `low_content`, `budget`, `concluded` — with [`normalize`]
+//!     for duplicates;
 //!   - [`routing`]: public transcript or inboxes, from [`mentions`].
 //! - [`events`]: the one place a decision is logged, counted ([`metrics`]) and
 //!   turned into its event.
