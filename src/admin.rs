@@ -76,7 +76,13 @@ pub struct Admin {
     pub admin_token: String,
     /// `state.context_messages`: 0 means no context is kept (404).
     pub context_messages: usize,
+    /// The last per-state world counts and when they were taken: visiting
+    /// every world is O(worlds), so scrapes within `BY_STATE_TTL` reuse it.
+    pub by_state: std::sync::Mutex<Option<(std::time::Instant, [i64; Conversation::ALL.len()])>>,
 }
+
+/// How long a per-state count is reused by later scrapes.
+pub const BY_STATE_TTL: Duration = Duration::from_secs(5);
 
 /// Serves HTTP on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
@@ -197,12 +203,19 @@ fn conversation_limits(admin: &Admin) -> (Duration, u32) {
 /// How many worlds are in each conversation state (computed at scrape:
 /// the state changes with time alone).
 fn worlds_by_state(admin: &Admin) -> [i64; Conversation::ALL.len()] {
+    let mut cached = admin.by_state.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((at, counts)) = *cached {
+        if at.elapsed() < BY_STATE_TTL {
+            return counts;
+        }
+    }
     let now = admin.clock.now();
     let (window, hot) = conversation_limits(admin);
     let mut counts = [0; Conversation::ALL.len()];
     admin.judge.worlds().for_each(|_, handle| {
         counts[state::lock(handle).conversation(now, window, hot) as usize] += 1;
     });
+    *cached = Some((std::time::Instant::now(), counts));
     counts
 }
 

@@ -85,6 +85,7 @@ pub async fn run(
             clock,
             admin_token: config.http.admin_token.clone(),
             context_messages: config.state.context_messages,
+            by_state: Default::default(),
         }),
     ));
 
