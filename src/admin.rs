@@ -32,6 +32,8 @@ pub const MAX_CONNECTIONS: usize = 256;
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 /// Largest request body announced; no route reads one.
 pub const MAX_BODY_BYTES: u64 = 4 * 1024;
+/// Largest context response; older messages are left out beyond it.
+pub const MAX_CONTEXT_BYTES: usize = 4 * 1024 * 1024;
 /// Time a client has to send its request head.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -182,12 +184,19 @@ pub fn handle(admin: &Admin, req: Request<Incoming>) -> Reply {
         }
         (&Method::GET, ["v1", "worlds", world]) => world_view(admin, world),
         (&Method::GET, ["v1", "worlds", world, "agents", agent, "context"]) => {
-            context(admin, world, agent, req.uri().query())
+            // An agent's context holds its private inbox: admin token only.
+            match unauthorised(admin, &req) {
+                Some(denied) => denied,
+                None => context(admin, world, agent, req.uri().query()),
+            }
         }
         (&Method::POST, ["v1", "worlds", world, "reset"]) => reset(admin, &req, world),
         (
             _,
-            ["metrics" | "healthz" | "readyz"] | ["v1", "worlds", _] | ["v1", "worlds", _, "reset"],
+            ["metrics" | "healthz" | "readyz"]
+            | ["v1", "worlds", _]
+            | ["v1", "worlds", _, "reset"]
+            | ["v1", "worlds", _, "agents", _, "context"],
         ) => text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
@@ -277,7 +286,12 @@ fn context(admin: &Admin, world: &str, agent: &str, query: Option<&str>) -> Repl
             format!("no state held for world {world}"),
         );
     };
-    let bodies = state::lock(&handle).context_of(&agent, limit);
+    let mut bodies = state::lock(&handle).context_of(&agent, limit);
+    // Bounded response: the newest messages that fit in MAX_CONTEXT_BYTES.
+    let mut total: usize = bodies.iter().map(|b| b.len() + 1).sum();
+    while total > MAX_CONTEXT_BYTES && !bodies.is_empty() {
+        total -= bodies.remove(0).len() + 1;
+    }
     let mut out = Vec::with_capacity(2 + bodies.iter().map(|b| b.len() + 1).sum::<usize>());
     out.push(b'[');
     for (i, body) in bodies.iter().enumerate() {
@@ -290,25 +304,34 @@ fn context(admin: &Admin, world: &str, agent: &str, query: Option<&str>) -> Repl
     reply(StatusCode::OK, "application/json", out)
 }
 
-fn reset(admin: &Admin, req: &Request<Incoming>, raw: &str) -> Reply {
+/// The admin bearer-token check: `None` when authorised, else the answer
+/// (403 with no token configured, 401 when missing or wrong).
+fn unauthorised(admin: &Admin, req: &Request<Incoming>) -> Option<Reply> {
     if admin.admin_token.is_empty() {
-        return json_error(
+        return Some(json_error(
             StatusCode::FORBIDDEN,
             "the admin API is disabled: set http.admin_token".into(),
-        );
+        ));
     }
     let presented = req
         .headers()
         .get(AUTHORIZATION)
         .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
-    if !presented.is_some_and(|t| constant_time_eq(t, admin.admin_token.as_bytes())) {
-        let mut r = json_error(
-            StatusCode::UNAUTHORIZED,
-            "missing or wrong bearer token".into(),
-        );
-        r.headers_mut()
-            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return r;
+    if presented.is_some_and(|t| constant_time_eq(t, admin.admin_token.as_bytes())) {
+        return None;
+    }
+    let mut r = json_error(
+        StatusCode::UNAUTHORIZED,
+        "missing or wrong bearer token".into(),
+    );
+    r.headers_mut()
+        .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    Some(r)
+}
+
+fn reset(admin: &Admin, req: &Request<Incoming>, raw: &str) -> Reply {
+    if let Some(denied) = unauthorised(admin, req) {
+        return denied;
     }
     let world = match Name::parse(raw) {
         Ok(w) => w,

@@ -208,6 +208,10 @@ pub async fn run(
 /// Loads the configuration again and applies it; an invalid one is refused
 /// (logged, counted) and the running one stays.
 fn apply_reload(reload: &Reload, judge: &Judge, metrics: &Metrics, trigger: &'static str) {
+    // SIGHUP and the file watch may fire together: one load-and-swap at a
+    // time, so an older file can never be applied after a newer one.
+    static RELOADING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = RELOADING.lock().unwrap_or_else(|p| p.into_inner());
     match reload() {
         Ok(settings) => {
             let restart = judge.reload(settings);

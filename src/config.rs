@@ -894,8 +894,8 @@ impl Config {
         if self.state.max_worlds == 0 {
             return Err(invalid("state.max_worlds", "must be at least 1"));
         }
-        if self.conversation.window_seconds == 0 {
-            return Err(invalid("conversation.window_seconds", "must be at least 1"));
+        if !(1..=86_400).contains(&self.conversation.window_seconds) {
+            return Err(invalid("conversation.window_seconds", "must be 1 to 86400"));
         }
         if self.conversation.conclusion_phrases.len() > 1000 {
             return Err(invalid(
@@ -903,8 +903,8 @@ impl Config {
                 "at most 1000 phrases",
             ));
         }
-        if self.state.context_messages > 1024 {
-            return Err(invalid("state.context_messages", "must be 0 to 1024"));
+        if self.state.context_messages > 256 {
+            return Err(invalid("state.context_messages", "must be 0 to 256"));
         }
         if self.state.idle_seconds == 0 {
             return Err(invalid("state.idle_seconds", "must be at least 1"));
@@ -991,10 +991,10 @@ fn validate_rules(key: &str, rules: &RulesConfig) -> Result<(), ConfigError> {
             "must be dot-separated tokens of A-Z, a-z, 0-9, '_' and '-' (no wildcards)",
         ));
     }
-    if !rules.policy.subject.is_empty() && rules.policy.timeout_ms == 0 {
+    if !rules.policy.subject.is_empty() && !(1..=10_000).contains(&rules.policy.timeout_ms) {
         return Err(invalid(
             format!("{key}.policy.timeout_ms"),
-            "must be at least 1",
+            "must be 1 to 10000",
         ));
     }
     if rules.budget.max as usize > crate::state::MAX_BUDGET_WINDOW {

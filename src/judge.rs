@@ -106,6 +106,59 @@ pub struct PolicyCheck {
     pub fail: FailMode,
     /// The message as it would be delivered (its egress JSON).
     pub request: Bytes,
+    pub pending: Box<Pending>,
+}
+
+/// Everything a delivered message changes in its world, applied at once by
+/// [`commit`]: right away, or once the policy service approved.
+#[derive(Debug, Clone)]
+struct Effects {
+    /// The agent turn count the message takes (agents only).
+    turn: Option<u32>,
+    /// Content words for `similar` (none for an edited pass).
+    words: Option<Vec<u64>>,
+    id: String,
+    lineage: Lineage,
+    content_hash: u64,
+    now: Instant,
+    /// The sending agent and how many approval times to keep for it.
+    agent: Option<(Name, usize)>,
+    human: bool,
+    sender: Name,
+    concludes: bool,
+    /// Agents the message mentioned (routed to by mention, not broadcast).
+    mentioned: Vec<Name>,
+    /// The entry for the context route, and how many to keep.
+    context: Option<(ContextEntry, usize)>,
+}
+
+fn commit(w: &mut WorldState, e: Effects) {
+    if let Some(turn) = e.turn {
+        w.turns = turn;
+    }
+    if let Some(words) = e.words {
+        w.remember_words(e.now, words);
+    }
+    w.record_approved(Approved {
+        id: &e.id,
+        lineage: &e.lineage,
+        content_hash: e.content_hash,
+        now: e.now,
+        agent: e.agent.as_ref().map(|(a, keep)| (a, *keep)),
+    });
+    w.observe_conversation(e.human, &e.sender, e.concludes, &e.mentioned, e.now);
+    if let Some((entry, keep)) = e.context {
+        w.remember_context(entry, keep);
+    }
+}
+
+/// A decision's state changes, held until the policy service answers.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    world: state::WorldHandle,
+    effects: Effects,
+    /// The settings the decision was made with (a reload may come between).
+    settings: Arc<Settings>,
 }
 
 /// What the policy service said, or why it said nothing.
@@ -157,6 +210,8 @@ const EGRESS_KEYS: [&str; 11] = [
 pub struct Judge {
     /// Swapped whole by a configuration reload; read once per decision.
     settings: RwLock<Arc<Settings>>,
+    /// `state.context_messages`, fixed at start-up like the other `state` keys.
+    context_messages: usize,
     worlds: Worlds,
     subjects: Subjects,
     clock: Arc<dyn Clock>,
@@ -170,6 +225,7 @@ impl Judge {
     pub fn new(settings: Arc<Settings>, clock: Arc<dyn Clock>, metrics: Metrics) -> Judge {
         Judge {
             worlds: Worlds::new(&settings),
+            context_messages: settings.config.state.context_messages,
             subjects: Subjects::new(&settings.config.nats.prefix),
             settings: RwLock::new(settings),
             clock,
@@ -203,6 +259,7 @@ impl Judge {
             ("shutdown", differ(&a.shutdown, &b.shutdown)),
             ("log", differ(&a.log, &b.log)),
             ("runtime", differ(&a.runtime, &b.runtime)),
+            ("reload", differ(&a.reload, &b.reload)),
         ] {
             if changed {
                 restart.push(name);
@@ -287,8 +344,12 @@ impl Judge {
 
     /// Completes a decision that waited for the policy hook: applies the
     /// answer (or the configured failure mode), then reports it.
-    pub fn finish(&self, mut d: Decision, check: &PolicyCheck, outcome: PolicyOutcome) -> Decision {
-        let settings = self.settings();
+    pub fn finish(&self, mut d: Decision, check: PolicyCheck, outcome: PolicyOutcome) -> Decision {
+        let Pending {
+            world,
+            effects,
+            settings,
+        } = *check.pending;
         self.metrics.policy(&outcome);
         let rejection = match outcome {
             PolicyOutcome::Approve => None,
@@ -302,10 +363,12 @@ impl Judge {
                 FailMode::Closed => Some(format!("policy check failed ({why}), failing closed")),
             },
         };
+        let delivered = rejection.is_none() || settings.config.mode == Mode::Observe;
         if let Some(reason) = rejection {
             if settings.config.mode == Mode::Observe {
                 d.would_reject = Some(RuleName::Policy);
-                d.reason = format!("observe mode: {reason}").into();
+                let shown = reason.strip_prefix("policy: ").unwrap_or(&reason);
+                d.reason = format!("observe mode: policy would reject: {shown}").into();
             } else {
                 d.outcome = Outcome::Rejected;
                 d.rule = Some(RuleName::Policy);
@@ -313,6 +376,9 @@ impl Judge {
                 d.outbound.clear();
                 d.delivered_to.clear();
             }
+        }
+        if delivered {
+            commit(&mut state::lock(&world), effects);
         }
         self.report(&mut d, &settings);
         d
@@ -342,7 +408,7 @@ impl Judge {
 
     fn decide_raw(
         &self,
-        settings: &Settings,
+        settings: &Arc<Settings>,
         world: Name,
         kind: SenderKind,
         sender: Name,
@@ -465,55 +531,61 @@ impl Judge {
                 }
                 (None, _) => d.reason = Cow::Borrowed("passed every rule"),
             }
-            w.turns = d.turn;
             routing::route(kind, &sender, &env.content, &w, now)
         };
 
-        if d.outcome != Outcome::Edited {
-            w.remember_words(now, words);
-        }
-        w.record_approved(Approved {
-            id: &d.id,
-            lineage: &lineage,
+        let body = self.deliver(&mut d, &world, kind, &env, &lineage, &route);
+        let keep = self.context_messages;
+        let effects = Effects {
+            turn: is_agent.then_some(d.turn),
+            words: (d.outcome != Outcome::Edited).then_some(words),
+            id: d.id.clone(),
+            lineage,
             content_hash: if d.outcome == Outcome::Edited {
                 self.content_hash(&env.content)
             } else {
                 content_hash
             },
             now,
-            agent: is_agent.then_some((&sender, limits.rate.max as usize)),
-        });
-        let concludes =
-            rules::concluded::concludes(&env.content, &config.conversation.conclusion_phrases);
-        w.observe_conversation(
-            kind == SenderKind::Human,
-            &sender,
-            concludes,
-            &route.inboxes,
-            now,
-        );
-        let body = self.deliver(&mut d, &world, kind, &env, &lineage, &route);
+            agent: is_agent.then(|| (sender.clone(), limits.rate.max as usize)),
+            human: kind == SenderKind::Human,
+            sender: sender.clone(),
+            concludes: rules::concluded::concludes(
+                &env.content,
+                &config.conversation.conclusion_phrases,
+            ),
+            mentioned: route.mentions.clone(),
+            context: (keep > 0).then(|| {
+                let entry = ContextEntry {
+                    agent_sender: is_agent.then(|| sender.clone()),
+                    inboxes: route.inboxes.clone(),
+                    body: body.clone(),
+                };
+                (entry, keep)
+            }),
+        };
         let policy = &limits.policy;
         if is_agent
             && !policy.subject.is_empty()
             && d.outcome == Outcome::Approved
             && d.would_reject.is_none()
         {
+            // Nothing is recorded yet: the worker decides this world's next
+            // message only after the answer, so no burst can overshoot a
+            // limit meanwhile, and a rejected message changes no state.
             d.policy = Some(PolicyCheck {
                 subject: policy.subject.clone(),
                 timeout: std::time::Duration::from_millis(policy.timeout_ms),
                 fail: policy.fail,
-                request: body.clone(),
+                request: body,
+                pending: Box::new(Pending {
+                    world: handle.clone(),
+                    effects,
+                    settings: settings.clone(),
+                }),
             });
-        }
-        let keep = config.state.context_messages;
-        if keep > 0 {
-            let entry = ContextEntry {
-                agent_sender: is_agent.then(|| sender.clone()),
-                inboxes: route.inboxes.clone(),
-                body,
-            };
-            w.remember_context(entry, keep);
+        } else {
+            commit(&mut w, effects);
         }
         d
     }

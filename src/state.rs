@@ -26,7 +26,11 @@ pub const MAX_DUPLICATE_WINDOW: usize = 1024;
 /// (the longest cycle, 8, times the most repetitions, 32, plus one).
 pub const MAX_SPEAKERS: usize = 8 * 33;
 /// Most approved messages whose content words the `similar` rule compares.
-pub const MAX_SIMILAR_WINDOW: usize = 256;
+pub const MAX_SIMILAR_WINDOW: usize = 64;
+/// Longest id (and thread id) remembered for parent lookups; a message with
+/// a longer one is not remembered (replies fall back to the thread or the
+/// world's latest message).
+pub const MAX_REMEMBERED_ID: usize = 256;
 /// Most recent messages whose times and speakers the conversation state reads.
 pub const MAX_ACTIVITY: usize = 512;
 /// Most agents remembered as mentioned since a conclusion.
@@ -106,8 +110,9 @@ pub struct WorldState {
     agent_approvals: VecDeque<Instant>,
     /// Recent delivered messages, for agents' clean context (opt-in).
     context: VecDeque<ContextEntry>,
-    /// (approved at, speaker) of recent messages, for the conversation state.
-    activity: VecDeque<(Instant, Name)>,
+    /// (approved at, speaker key) of recent messages, for the conversation
+    /// state: a key, not a name, so an entry holds no allocation.
+    activity: VecDeque<(Instant, u64)>,
     /// A conclusion phrase was approved and no human has spoken since.
     concluded: bool,
     /// Agents mentioned since the conclusion, each allowed one reply.
@@ -261,38 +266,44 @@ impl WorldState {
     /// Records an approved (or edited) message: lineage, duplicate window and,
     /// for agents, the rate/cooldown history and the turn counter.
     pub fn record_approved(&mut self, approved: Approved<'_>) {
-        let id: Arc<str> = Arc::from(approved.id);
-        if self
-            .messages
-            .insert(
-                id.clone(),
-                Remembered {
-                    depth: approved.lineage.depth,
-                    thread_id: approved.lineage.thread_id.clone(),
-                    agent: approved.agent.is_some(),
-                },
-            )
-            .is_none()
-        {
-            self.message_order.push_back(id.clone());
-            if self.message_order.len() > MAX_REMEMBERED {
-                if let Some(old) = self.message_order.pop_front() {
-                    self.forget_message(&old);
+        // Lineage memory holds ids; a very long one (a client's choice) is
+        // not remembered, so no single message can pin kilobytes per world.
+        let rememberable = approved.id.len() <= MAX_REMEMBERED_ID
+            && approved.lineage.thread_id.len() <= MAX_REMEMBERED_ID;
+        if rememberable {
+            let id: Arc<str> = Arc::from(approved.id);
+            if self
+                .messages
+                .insert(
+                    id.clone(),
+                    Remembered {
+                        depth: approved.lineage.depth,
+                        thread_id: approved.lineage.thread_id.clone(),
+                        agent: approved.agent.is_some(),
+                    },
+                )
+                .is_none()
+            {
+                self.message_order.push_back(id.clone());
+                if self.message_order.len() > MAX_REMEMBERED {
+                    if let Some(old) = self.message_order.pop_front() {
+                        self.forget_message(&old);
+                    }
                 }
             }
-        }
-        self.thread_latest
-            .insert(approved.lineage.thread_id.clone(), id.clone());
-        if self.thread_latest.len() > 2 * MAX_REMEMBERED {
-            // Drop entries whose message was forgotten or re-filed under
-            // another thread (a reused id). Each remembered message backs at
-            // most one entry, so this leaves at most MAX_REMEMBERED, and runs
-            // once per MAX_REMEMBERED new threads at most.
-            let messages = &self.messages;
             self.thread_latest
-                .retain(|thread, id| messages.get(id).is_some_and(|m| m.thread_id == *thread));
+                .insert(approved.lineage.thread_id.clone(), id.clone());
+            if self.thread_latest.len() > 2 * MAX_REMEMBERED {
+                // Drop entries whose message was forgotten or re-filed under
+                // another thread (a reused id). Each remembered message backs at
+                // most one entry, so this leaves at most MAX_REMEMBERED, and runs
+                // once per MAX_REMEMBERED new threads at most.
+                let messages = &self.messages;
+                self.thread_latest
+                    .retain(|thread, id| messages.get(id).is_some_and(|m| m.thread_id == *thread));
+            }
+            self.latest = Some(id);
         }
-        self.latest = Some(id);
 
         self.contents
             .push_back((approved.now, approved.content_hash));
@@ -398,6 +409,15 @@ impl WorldState {
     }
 }
 
+/// A speaker's key in the activity log (a human and an agent of the same
+/// name stay apart).
+fn speaker_key(human: bool, name: &Name) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (human, name.as_str()).hash(&mut h);
+    h.finish()
+}
+
 /// Where a world's conversation stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -437,22 +457,26 @@ impl Conversation {
 impl WorldState {
     /// Records an approved message for the conversation state: its time and
     /// speaker; a conclusion concludes, a human reopens, and after a
-    /// conclusion the agents a message mentions may each reply once.
+    /// conclusion the agents a message mentions (`mentioned`: routed to by
+    /// mention, not by broadcast) may each reply once.
     pub fn observe_conversation(
         &mut self,
         human: bool,
         speaker: &Name,
         concludes: bool,
-        inboxes: &[Name],
+        mentioned: &[Name],
         now: Instant,
     ) {
-        self.activity.push_back((now, speaker.clone()));
+        self.activity.push_back((now, speaker_key(human, speaker)));
         if self.activity.len() > MAX_ACTIVITY {
             self.activity.pop_front();
         }
         if concludes {
+            // "@bob thanks everyone": concluded, and bob may still answer.
             self.concluded = true;
             self.mentioned.clear();
+            self.mentioned
+                .extend(mentioned.iter().take(MAX_MENTIONED).cloned());
             return;
         }
         if human {
@@ -462,7 +486,7 @@ impl WorldState {
         }
         if self.concluded {
             self.mentioned.retain(|a| a != speaker); // its reply is used
-            for agent in inboxes {
+            for agent in mentioned {
                 if !self.mentioned.contains(agent) && self.mentioned.len() < MAX_MENTIONED {
                     self.mentioned.push(agent.clone());
                 }
@@ -485,14 +509,14 @@ impl WorldState {
             return Conversation::Concluded;
         }
         let age = |at: &Instant| now.saturating_duration_since(*at);
-        let mut speakers: Vec<&Name> = Vec::new();
+        let mut speakers: Vec<u64> = Vec::new();
         let (mut recent, mut previous) = (0u32, 0u32);
         for (at, who) in self.activity.iter().rev() {
             let a = age(at);
             if a < window {
                 recent += 1;
-                if !speakers.contains(&who) {
-                    speakers.push(who);
+                if !speakers.contains(who) {
+                    speakers.push(*who);
                 }
             } else if a < window * 2 {
                 previous += 1;

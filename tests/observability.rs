@@ -398,7 +398,7 @@ async fn core_mode_slow_consumer_drops_are_counted_and_logged() {
 #[tokio::test]
 async fn an_agents_context_is_its_inbox_and_its_own_messages_oldest_first() {
     let mut h = Harness::start(
-        "[state]\ncontext_messages = 10\n[rules.depth]\nmax = 0\n[worlds.w]\nagents = [\"alice\", \"bob\", \"carol\"]\n",
+        &format!("[http]\nadmin_token = \"{TOKEN}\"\n[state]\ncontext_messages = 10\n[rules.depth]\nmax = 0\n[worlds.w]\nagents = [\"alice\", \"bob\", \"carol\"]\n"),
     )
     .await;
     let addr = h.loopguard.http_addr().await;
@@ -422,41 +422,104 @@ async fn an_agents_context_is_its_inbox_and_its_own_messages_oldest_first() {
             .map(|m| m["id"].as_str().unwrap().to_string())
             .collect()
     };
-    let (status, body) = http(&addr, "GET", "/v1/worlds/w/agents/bob/context", &[]).await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(ids(&body), ["h1", "a1", "b1"]);
-    let (_, body) = http(&addr, "GET", "/v1/worlds/w/agents/bob/context?limit=2", &[]).await;
-    assert_eq!(ids(&body), ["a1", "b1"], "the latest two, oldest first");
-    let (_, body) = http(&addr, "GET", "/v1/worlds/w/agents/alice/context", &[]).await;
-    assert_eq!(ids(&body), ["h1", "a1", "c1"]);
-
+    let auth = format!("Bearer {TOKEN}");
+    let with_token = [("Authorization", auth.as_str())];
     assert_eq!(
-        http(&addr, "GET", "/v1/worlds/nope/agents/bob/context", &[])
+        http(&addr, "GET", "/v1/worlds/w/agents/bob/context", &[])
             .await
             .0,
+        401,
+        "an inbox is private"
+    );
+    let (status, body) = http(&addr, "GET", "/v1/worlds/w/agents/bob/context", &with_token).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(ids(&body), ["h1", "a1", "b1"]);
+    let (_, body) = http(
+        &addr,
+        "GET",
+        "/v1/worlds/w/agents/bob/context?limit=2",
+        &with_token,
+    )
+    .await;
+    assert_eq!(ids(&body), ["a1", "b1"], "the latest two, oldest first");
+    let (_, body) = http(
+        &addr,
+        "GET",
+        "/v1/worlds/w/agents/alice/context",
+        &with_token,
+    )
+    .await;
+    assert_eq!(ids(&body), ["h1", "a1", "c1"]);
+    assert_eq!(
+        http(
+            &addr,
+            "POST",
+            "/v1/worlds/w/agents/bob/context",
+            &with_token
+        )
+        .await
+        .0,
+        405
+    );
+
+    assert_eq!(
+        http(
+            &addr,
+            "GET",
+            "/v1/worlds/nope/agents/bob/context",
+            &with_token
+        )
+        .await
+        .0,
         404
     );
     assert_eq!(
-        http(&addr, "GET", "/v1/worlds/w/agents/b%2Ab/context", &[])
-            .await
-            .0,
+        http(
+            &addr,
+            "GET",
+            "/v1/worlds/w/agents/b%2Ab/context",
+            &with_token
+        )
+        .await
+        .0,
         400
     );
     assert_eq!(
-        http(&addr, "GET", "/v1/worlds/w/agents/bob/context?limit=0", &[])
-            .await
-            .0,
+        http(
+            &addr,
+            "GET",
+            "/v1/worlds/w/agents/bob/context?limit=0",
+            &with_token
+        )
+        .await
+        .0,
         400
     );
 }
 
 #[tokio::test]
 async fn no_context_is_kept_unless_configured() {
-    let mut h = Harness::start("").await;
+    let mut h = Harness::start(&format!("[http]\nadmin_token = \"{TOKEN}\"\n")).await;
     let addr = h.loopguard.http_addr().await;
     h.send_json("w", "agent", "alice", msg("@bob hi")).await;
     h.settle("w").await;
-    let (status, body) = http(&addr, "GET", "/v1/worlds/w/agents/bob/context", &[]).await;
+    let auth = format!("Bearer {TOKEN}");
+    let (status, body) = http(
+        &addr,
+        "GET",
+        "/v1/worlds/w/agents/bob/context",
+        &[("Authorization", &auth)],
+    )
+    .await;
     assert_eq!(status, 404);
     assert!(body.contains("state.context_messages"), "{body}");
+    // and with no admin token configured, the route is closed
+    let h2 = Harness::start("[state]\ncontext_messages = 5\n").await;
+    let addr2 = h2.loopguard.http_addr().await;
+    assert_eq!(
+        http(&addr2, "GET", "/v1/worlds/w/agents/bob/context", &[])
+            .await
+            .0,
+        403
+    );
 }

@@ -405,3 +405,54 @@ async fn without_an_answer_the_hook_fails_open_or_closed_as_configured() {
     );
     drop(silent);
 }
+
+#[tokio::test]
+async fn a_message_the_policy_rejects_changes_nothing_in_its_world() {
+    let mut h = Harness::start(&format!(
+        "{BASE}[rules.concluded]\nenabled = true\n[rules.policy]\nsubject = \"policy.check\"\ntimeout_ms = 2000\n"
+    ))
+    .await;
+    let _asked = policy_service(h.client.clone(), "policy.check").await;
+    h.send_json(
+        "w",
+        "agent",
+        "alice",
+        json!({"content": "first point", "id": "a1"}),
+    )
+    .await;
+    // Rejected by the policy: it must not conclude the world, nor become
+    // anyone's parent, nor take a turn.
+    h.send_json(
+        "w",
+        "agent",
+        "alice",
+        json!({"content": "forbidden. thanks everyone", "id": "a2"}),
+    )
+    .await;
+    h.send_json(
+        "w",
+        "agent",
+        "bob",
+        json!({"content": "second point", "id": "b1"}),
+    )
+    .await;
+    let out = h.settle("w").await;
+    assert_eq!(
+        out.field("w", "rule"),
+        [json!(null), json!("policy"), json!(null)]
+    );
+    let b1 = out
+        .public("w")
+        .into_iter()
+        .find(|r| r.body["id"] == "b1")
+        .expect("b1 delivered");
+    assert_eq!(
+        b1.body["parent_id"], "a1",
+        "the rejected message is nobody's parent"
+    );
+    assert_eq!(
+        out.events("w")[2].body["turn"],
+        2,
+        "the rejected message took no turn"
+    );
+}

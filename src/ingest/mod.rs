@@ -153,7 +153,8 @@ impl Worker {
             // A new batch: remember the connection it is published on.
             self.batch_connects = self.publisher.connects();
         }
-        let outbound = match (&delivery, &self.replay) {
+        let replay = self.replay.clone(); // a handle: `decide` borrows self mutably
+        let outbound = match (&delivery, &replay) {
             (Some(d), Some(replay)) => {
                 let earlier = if d.redelivered {
                     replay.get(d.sequence)
@@ -186,7 +187,7 @@ impl Worker {
     /// cheap rules approved, asks the policy service first. The worker waits
     /// for the answer, so its worlds stay in order.
     async fn decide(
-        &self,
+        &mut self,
         origin: Origin,
         message: &Message,
         stable_id: Option<&str>,
@@ -203,13 +204,16 @@ impl Worker {
             return Arc::from(Vec::new());
         };
         if let Some(check) = decision.policy.take() {
+            // Acknowledge what is already published before a possibly slow
+            // request, so no acknowledgement waits past `ack_wait`.
+            self.settle_acks().await;
             let started = std::time::Instant::now();
             let outcome = self.publisher.ask_policy(&check).await;
             self.judge
                 .metrics()
                 .policy_duration
                 .observe(started.elapsed().as_secs_f64());
-            decision = self.judge.finish(decision, &check, outcome);
+            decision = self.judge.finish(decision, check, outcome);
         }
         decision.outbound.into()
     }

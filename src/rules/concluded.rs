@@ -87,6 +87,27 @@ mod tests {
     }
 
     #[test]
+    fn a_concluding_message_that_mentions_someone_lets_them_answer() {
+        let mut l = RulesConfig::default();
+        l.concluded.enabled = true;
+        let mut f = Fixture::new(l);
+        let now = f.at(0);
+        let bob = Name::parse("bob").unwrap();
+        f.world.observe_conversation(
+            true,
+            &Name::parse("hank").unwrap(),
+            true,
+            std::slice::from_ref(&bob),
+            now,
+        );
+        assert!(
+            f.check_as(&Concluded, "bob").allows(),
+            "\"@bob thanks everyone\""
+        );
+        assert!(f.check_as(&Concluded, "alice").rejects());
+    }
+
+    #[test]
     fn off_by_default() {
         let mut f = Fixture::new(RulesConfig::default());
         let now = f.at(0);

@@ -18,7 +18,7 @@ use super::low_content::substance;
 use super::{Context, Rule, RuleName, Verdict};
 
 /// Most content words kept per message (the rest are ignored).
-pub const MAX_WORDS: usize = 256;
+pub const MAX_WORDS: usize = 64;
 
 /// Words that carry no meaning of their own in a reply.
 const STOP_WORDS: &[&str] = &[
