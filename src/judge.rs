@@ -550,15 +550,13 @@ impl Judge {
             agent: is_agent.then(|| (sender.clone(), limits.rate.max as usize)),
             human: kind == SenderKind::Human,
             sender: sender.clone(),
-            concludes: rules::concluded::concludes(
-                &env.content,
-                &config.conversation.conclusion_phrases,
-            ),
-            mentioned: route.mentions.clone(),
+            concludes: rules::concluded::concludes(&env.content, &settings.conclusion_patterns),
+            // The route is done with: its lists move rather than copy.
+            mentioned: route.mentions,
             context: (keep > 0).then(|| {
                 let entry = ContextEntry {
                     agent_sender: is_agent.then(|| sender.clone()),
-                    inboxes: route.inboxes.clone(),
+                    inboxes: route.inboxes,
                     body: body.clone(),
                 };
                 (entry, keep)

@@ -28,14 +28,25 @@ impl Rule for Concluded {
     }
 }
 
-/// True when `content` holds one of `phrases` as whole words, compared
-/// after normalisation with punctuation and emoji removed.
-pub fn concludes(content: &str, phrases: &[String]) -> bool {
+/// The conclusion phrases as [`concludes`] matches them: normalised with
+/// punctuation and emoji removed, padded with spaces for whole words. Built
+/// once per configuration load, not per message.
+pub fn patterns(phrases: &[String]) -> Vec<String> {
+    phrases
+        .iter()
+        .map(|p| substance(p))
+        .filter(|p| !p.is_empty())
+        .map(|p| format!(" {p} "))
+        .collect()
+}
+
+/// True when `content` holds one of `patterns` (see [`patterns`]).
+pub fn concludes(content: &str, patterns: &[String]) -> bool {
+    if patterns.is_empty() {
+        return false;
+    }
     let text = format!(" {} ", substance(content));
-    phrases.iter().any(|p| {
-        let p = substance(p);
-        !p.is_empty() && text.contains(&format!(" {p} "))
-    })
+    patterns.iter().any(|p| text.contains(p.as_str()))
 }
 
 #[cfg(test)]
@@ -46,7 +57,7 @@ mod tests {
     use crate::rules::testing::Fixture;
 
     fn phrases() -> Vec<String> {
-        ConversationConfig::default().conclusion_phrases
+        patterns(&ConversationConfig::default().conclusion_phrases)
     }
 
     #[test]

@@ -307,24 +307,8 @@ pub(crate) mod testing {
 
         /// Records an approved message of the fixture's agent at `secs`.
         pub fn approve(&mut self, secs: u64, content_hash: u64) {
-            let lineage = Lineage {
-                parent_id: None,
-                thread_id: Arc::from("t"),
-                depth: 1,
-                parent_is_agent: false,
-            };
-            let id = format!("m{}", self.world.turns);
-            let keep = self.limits.rate.max as usize;
-            let now = self.at(secs);
-            let agent = self.agent.clone();
-            self.world.record_approved(Approved {
-                id: &id,
-                lineage: &lineage,
-                content_hash,
-                now,
-                agent: Some((&agent, keep)),
-            });
-            self.world.turns += 1;
+            let agent = self.agent.as_str().to_string();
+            self.approve_as(&agent, secs, content_hash);
         }
 
         /// Runs `rule` on a message of the fixture's agent at `secs`.
