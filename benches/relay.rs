@@ -13,7 +13,9 @@
 //! four agent messages (a broadcast to the four inboxes), agent messages that
 //! @mention the next agent (one inbox copy), ~200-byte unique contents, and
 //! one agent message in ten repeating the previous one, so loopguard rejects
-//! ~10% (as `duplicate`) and approves ~90%.
+//! ~10% (as `duplicate`) and approves ~90%. Each set-up is one process whose
+//! worlds live on from step to step: an unmeasured warm-up opens every world,
+//! then every measured message is a later turn of a world already held.
 //!
 //! For each set-up: the highest open-loop rate sustained with < 0.1% loss and
 //! p99 < 50 ms; latency percentiles at a common moderate rate; CPU µs per
@@ -41,6 +43,8 @@ const MAX_LOSS: f64 = 0.001;
 const MAX_P99: Duration = Duration::from_millis(50);
 /// The common moderate rate for latency and CPU comparisons.
 const COMMON_RATE: u64 = 20_000;
+/// Rate of the unmeasured warm-up round that opens every world.
+const WARM_UP_RATE: u64 = 40_000;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Setup {
@@ -65,14 +69,16 @@ impl Setup {
 }
 
 /// Message `seq` of the workload: (ingress subject, egress subject for the
-/// direct set-up, payload, whether loopguard should approve it).
-fn message(run: u64, seq: u64) -> (String, String, String, bool) {
+/// direct set-up, payload, whether loopguard should approve it). Sequence
+/// numbers run on across the steps of one set-up, so message `seq` is turn
+/// `seq / WORLDS` of world `seq % WORLDS`: a world's conversation goes on
+/// from step to step, as it would in production.
+fn message(seq: u64) -> (String, String, String, bool) {
     let world = seq % WORLDS;
     let k = seq / WORLDS; // position in the world's own conversation
     let filler = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore et dolore magna aliqua ut enim ad minim veniam quis nostrud";
     if k % 5 == 4 {
-        let payload =
-            format!("{{\"id\":\"{seq}\",\"content\":\"run {run} question {seq}: {filler}\"}}");
+        let payload = format!("{{\"id\":\"{seq}\",\"content\":\"question {seq}: {filler}\"}}");
         return (
             format!("chat.raw.w{world}.human.h"),
             format!("chat.public.w{world}"),
@@ -88,9 +94,8 @@ fn message(run: u64, seq: u64) -> (String, String, String, bool) {
     } else {
         (seq, true)
     };
-    let payload = format!(
-        "{{\"id\":\"{seq}\",\"content\":\"@a{next} run {run} answer {text_seq}: {filler}\"}}"
-    );
+    let payload =
+        format!("{{\"id\":\"{seq}\",\"content\":\"@a{next} answer {text_seq}: {filler}\"}}");
     (
         format!("chat.raw.w{world}.agent.a{agent}"),
         format!("chat.public.w{world}"),
@@ -121,13 +126,21 @@ impl Outcome {
     }
 }
 
-/// Sends `rate` msg/s for STEP, open loop, and measures loss and latency.
-async fn step(url: &str, setup: Setup, rate: u64, run: u64) -> Result<Outcome, Error> {
-    let total = rate * STEP.as_secs();
+/// Sends `total` messages at `rate` msg/s, open loop, from sequence number
+/// `*next` on, and measures loss and latency.
+async fn send(
+    url: &str,
+    setup: Setup,
+    rate: u64,
+    total: u64,
+    next: &mut u64,
+) -> Result<Outcome, Error> {
+    let base = *next;
+    *next += total;
     let sent_at: Arc<Vec<AtomicU64>> = Arc::new((0..total).map(|_| AtomicU64::new(0)).collect());
     let seen: Arc<Vec<AtomicBool>> = Arc::new((0..total).map(|_| AtomicBool::new(false)).collect());
     let expected: u64 = (0..total)
-        .filter(|&s| !setup.is_loopguard() || message(run, s).3)
+        .filter(|&s| !setup.is_loopguard() || message(base + s).3)
         .count() as u64;
     let start = Instant::now();
 
@@ -143,7 +156,9 @@ async fn step(url: &str, setup: Setup, rate: u64, run: u64) -> Result<Outcome, E
     let record = {
         let (sent_at, seen, latencies) = (sent_at.clone(), seen.clone(), latencies.clone());
         move |payload: &[u8]| {
-            let Some(id) = id_of(payload) else { return };
+            let Some(id) = id_of(payload).and_then(|id| id.checked_sub(base)) else {
+                return;
+            };
             let Some(flag) = seen.get(id as usize) else {
                 return;
             };
@@ -173,7 +188,7 @@ async fn step(url: &str, setup: Setup, rate: u64, run: u64) -> Result<Outcome, E
         tick.tick().await;
         let due = ((start.elapsed().as_nanos() * rate as u128) / 1_000_000_000) as u64;
         while sent < due.min(total) {
-            let (subject, direct, payload, _) = message(run, sent);
+            let (subject, direct, payload, _) = message(base + sent);
             let subject = if setup == Setup::Direct {
                 direct
             } else {
@@ -355,36 +370,31 @@ struct Row {
     dropped: f64,
 }
 
-async fn measure(
-    url: &str,
-    setup: Setup,
-    dir: &std::path::Path,
-    run: &mut u64,
-) -> Result<Row, Error> {
-    // Latency and CPU at the common rate, on a fresh process.
+async fn measure(url: &str, setup: Setup, dir: &std::path::Path) -> Result<Row, Error> {
+    // One process per set-up: the worlds it holds live on from step to step.
     let relay = Relay::start(setup, url, dir)?;
     until_ready(url, setup).await?;
+    let mut next = 0;
+    // Warm-up, not measured: the first turn of every world, so the measured
+    // steps find the worlds held, as a long-running sidecar would.
+    send(url, setup, WARM_UP_RATE, WORLDS, &mut next).await?;
+
+    // Latency and CPU at the common rate.
     let cpu_before = relay.as_ref().map(|r| r.cpu()).transpose()?;
-    *run += 1;
-    let common = step(url, setup, COMMON_RATE, *run).await?;
+    let total = COMMON_RATE * STEP.as_secs();
+    let common = send(url, setup, COMMON_RATE, total, &mut next).await?;
     let cpu_us = match (&relay, cpu_before) {
-        (Some(r), Some(before)) => {
-            Some((r.cpu()? - before).as_secs_f64() * 1e6 / (COMMON_RATE * STEP.as_secs()) as f64)
-        }
+        (Some(r), Some(before)) => Some((r.cpu()? - before).as_secs_f64() * 1e6 / total as f64),
         _ => None,
     };
-    drop(relay);
 
     // The highest sustained rate: grow by 25% until a step fails.
     let mut rate = 40_000;
     let mut best: Option<Outcome> = None;
-    let mut rss = None;
-    let mut dropped = 0.0;
+    // Peak memory and slow-consumer drops as of the last step that passed.
+    let (mut rss, mut dropped) = (None, 0.0);
     loop {
-        let relay = Relay::start(setup, url, dir)?;
-        until_ready(url, setup).await?;
-        *run += 1;
-        let o = step(url, setup, rate, *run).await?;
+        let o = send(url, setup, rate, rate * STEP.as_secs(), &mut next).await?;
         eprintln!(
             "  {:<38} offered {:>7}/s sent {:>7}/s loss {:>6.3}% p99 {:>8.2?} {}",
             setup.label(),
@@ -448,7 +458,6 @@ async fn main() -> Result<(), Error> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
 
-    let mut run = 0;
     let mut rows = Vec::new();
     // BENCH_ONLY=b,c1 measures a subset while iterating (the report needs all).
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
@@ -462,7 +471,7 @@ async fn main() -> Result<(), Error> {
             continue;
         }
         eprintln!("{}", setup.label());
-        rows.push(measure(&url, setup, dir.path(), &mut run).await?);
+        rows.push(measure(&url, setup, dir.path()).await?);
     }
     let _ = nats.kill();
 

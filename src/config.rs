@@ -831,8 +831,8 @@ pub struct Settings {
     /// The global rules, as settings for worlds without a section.
     pub default_world: Arc<WorldSettings>,
     pub worlds: HashMap<Name, Arc<WorldSettings>>,
-    /// `conversation.conclusion_phrases`, ready to match (normalised once).
-    pub conclusion_patterns: Vec<String>,
+    /// `conversation.conclusion_phrases`, ready to match (built once).
+    pub conclusions: crate::rules::concluded::Conclusions,
 }
 
 impl Settings {
@@ -953,13 +953,13 @@ impl Config {
             agents: Vec::new(),
             rules: self.rules.clone(),
         });
-        let conclusion_patterns =
-            crate::rules::concluded::patterns(&self.conversation.conclusion_phrases);
+        let conclusions =
+            crate::rules::concluded::Conclusions::new(&self.conversation.conclusion_phrases);
         Ok(Settings {
             config: self,
             default_world,
             worlds,
-            conclusion_patterns,
+            conclusions,
         })
     }
 }

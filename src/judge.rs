@@ -384,9 +384,11 @@ impl Judge {
         d
     }
 
-    /// Hash of the normalised content, built in a per-thread buffer so the
-    /// hot path allocates nothing for it.
-    fn content_hash(&self, content: &str) -> u64 {
+    /// What the rules and the state read of a content: the hash of its
+    /// normalised form, and whether it holds a conclusion phrase. The text is
+    /// normalised once, into a per-thread buffer, so the hot path allocates
+    /// nothing for it.
+    fn content_facts(&self, content: &str, settings: &Settings) -> (u64, bool) {
         thread_local! {
             static BUFFER: RefCell<String> = const { RefCell::new(String::new()) };
         }
@@ -395,10 +397,11 @@ impl Judge {
             buffer.clear();
             normalize_into(content, &mut buffer);
             let hash = self.hasher.hash_one(buffer.as_str());
+            let concludes = settings.conclusions.found_in_normalized(&buffer);
             if buffer.capacity() > 64 * 1024 {
                 *buffer = String::new(); // do not keep a huge one around
             }
-            hash
+            (hash, concludes)
         })
     }
 
@@ -457,7 +460,7 @@ impl Judge {
             env.parent_id.as_deref(),
             is_agent,
         );
-        let content_hash = self.content_hash(&env.content);
+        let (content_hash, concludes) = self.content_facts(&env.content, settings);
         // Content words only when the `similar` rule is on: it is the only
         // reader, and the set costs a pass over the content.
         let words = if limits.similar.threshold > 0.0 {
@@ -536,21 +539,24 @@ impl Judge {
 
         let body = self.deliver(&mut d, &world, kind, &env, &lineage, &route);
         let keep = self.context_messages;
+        // A pass was rewritten into the hand-back: the state keeps the facts
+        // of the new content.
+        let (content_hash, concludes) = if d.outcome == Outcome::Edited {
+            self.content_facts(&env.content, settings)
+        } else {
+            (content_hash, concludes)
+        };
         let effects = Effects {
             turn: is_agent.then_some(d.turn),
             words: (d.outcome != Outcome::Edited).then_some(words),
             id: d.id.clone(),
             lineage,
-            content_hash: if d.outcome == Outcome::Edited {
-                self.content_hash(&env.content)
-            } else {
-                content_hash
-            },
+            content_hash,
             now,
             agent: is_agent.then(|| (sender.clone(), limits.rate.max as usize)),
             human: kind == SenderKind::Human,
             sender: sender.clone(),
-            concludes: rules::concluded::concludes(&env.content, &settings.conclusion_patterns),
+            concludes,
             // The route is done with: its lists move rather than copy.
             mentioned: route.mentions,
             context: (keep > 0).then(|| {

@@ -59,6 +59,53 @@ pub fn normalize_into(content: &str, out: &mut String) {
     }
 }
 
+/// The substance of `content`: its normalised form with everything but
+/// letters and digits removed and spaces collapsed, "@bob Sounds good!! 👍"
+/// → "sounds good". What the `low_content`, `similar` and `concluded` rules
+/// read.
+pub fn substance(content: &str) -> String {
+    let mut out = String::with_capacity(content.len());
+    substance_into(&normalize(content), &mut out);
+    out
+}
+
+/// Appends the substance of `normalized` (text [`normalize`] gave) to `out`:
+/// each run of characters other than letters and digits becomes one space,
+/// none at either end.
+pub fn substance_into(normalized: &str, out: &mut String) {
+    let start = out.len();
+    let mut gap = false;
+    if normalized.is_ascii() {
+        // The common case, byte by byte; the same rule as below.
+        let mut bytes = std::mem::take(out).into_bytes();
+        for &b in normalized.as_bytes() {
+            if b.is_ascii_alphanumeric() {
+                if gap && bytes.len() > start {
+                    bytes.push(b' ');
+                }
+                gap = false;
+                bytes.push(b);
+            } else {
+                gap = true;
+            }
+        }
+        // Only ASCII was appended to valid UTF-8, so this cannot fail.
+        *out = String::from_utf8(bytes).unwrap_or_default();
+        return;
+    }
+    for c in normalized.chars() {
+        if c.is_alphanumeric() {
+            if gap && out.len() > start {
+                out.push(' ');
+            }
+            gap = false;
+            out.push(c);
+        } else {
+            gap = true;
+        }
+    }
+}
+
 /// `p` without its leading whitespace and paragraph-start `@token` run.
 fn strip_leading_mentions(p: &str) -> &str {
     let mut s = p.trim_start();
@@ -73,7 +120,20 @@ fn strip_leading_mentions(p: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
-    use super::normalize;
+    use super::{normalize, substance};
+
+    #[test]
+    fn substance_keeps_only_letters_and_digits_between_single_spaces() {
+        assert_eq!(substance("@bob  Sounds GOOD!! 👍"), "sounds good");
+        assert_eq!(substance("🙂🙂"), "");
+        assert_eq!(substance("  ...v2.0 -- ready?  "), "v2 0 ready");
+        assert_eq!(substance("Ünïcödé\u{a0}words, ok"), "ünïcödé words ok");
+        assert_eq!(
+            substance("A-b, c3!  d") + " é",
+            substance("A-b, c3!  d é"),
+            "the ASCII path agrees with the Unicode path"
+        );
+    }
 
     #[test]
     fn removes_leading_mentions_lowercases_and_collapses_whitespace() {

@@ -271,7 +271,12 @@ impl WorldState {
         let rememberable = approved.id.len() <= MAX_REMEMBERED_ID
             && approved.lineage.thread_id.len() <= MAX_REMEMBERED_ID;
         if rememberable {
-            let id: Arc<str> = Arc::from(approved.id);
+            // A message that starts a thread names it: one string for both.
+            let id: Arc<str> = if *approved.lineage.thread_id == *approved.id {
+                approved.lineage.thread_id.clone()
+            } else {
+                Arc::from(approved.id)
+            };
             if self
                 .messages
                 .insert(
@@ -284,11 +289,9 @@ impl WorldState {
                 )
                 .is_none()
             {
-                self.message_order.push_back(id.clone());
-                if self.message_order.len() > MAX_REMEMBERED {
-                    if let Some(old) = self.message_order.pop_front() {
-                        self.forget_message(&old);
-                    }
+                if let Some(old) = push_window(&mut self.message_order, id.clone(), MAX_REMEMBERED)
+                {
+                    self.forget_message(&old);
                 }
             }
             self.thread_latest
@@ -305,26 +308,24 @@ impl WorldState {
             self.latest = Some(id);
         }
 
-        self.contents
-            .push_back((approved.now, approved.content_hash));
-        if self.contents.len() > MAX_DUPLICATE_WINDOW {
-            self.contents.pop_front();
-        }
+        push_window(
+            &mut self.contents,
+            (approved.now, approved.content_hash),
+            MAX_DUPLICATE_WINDOW,
+        );
 
         if let Some((agent, keep)) = approved.agent {
             if let Some(a) = self.agents.get_mut(agent) {
-                a.approvals.push_back(approved.now);
+                push_window(&mut a.approvals, approved.now, keep.max(1));
+                // A reload may have lowered the rate limit.
                 while a.approvals.len() > keep.max(1) {
                     a.approvals.pop_front();
                 }
             }
-            self.speakers.push_back(agent.clone());
-            if self.speakers.len() > MAX_SPEAKERS {
-                self.speakers.pop_front();
-            }
+            push_window(&mut self.speakers, agent.clone(), MAX_SPEAKERS);
             let budget = self.settings.rules.budget.max as usize;
             if budget > 0 {
-                self.agent_approvals.push_back(approved.now);
+                push_window(&mut self.agent_approvals, approved.now, MAX_BUDGET_WINDOW);
                 while self.agent_approvals.len() > budget.min(MAX_BUDGET_WINDOW) {
                     self.agent_approvals.pop_front();
                 }
@@ -337,10 +338,11 @@ impl WorldState {
         if words.is_empty() {
             return;
         }
-        self.word_sets.push_back((now, Arc::from(words)));
-        if self.word_sets.len() > MAX_SIMILAR_WINDOW {
-            self.word_sets.pop_front();
-        }
+        push_window(
+            &mut self.word_sets,
+            (now, Arc::from(words)),
+            MAX_SIMILAR_WINDOW,
+        );
     }
 
     /// Content words of approved messages younger than `window`.
@@ -409,6 +411,22 @@ impl WorldState {
     }
 }
 
+/// Appends `item` to a per-world window of at most `cap` items and returns
+/// the oldest one if it fell out. An empty window gets room for one item,
+/// not the four `VecDeque` starts with: most worlds hold few messages, and
+/// idle worlds are most of the memory.
+fn push_window<T>(window: &mut VecDeque<T>, item: T, cap: usize) -> Option<T> {
+    if window.capacity() == 0 {
+        window.reserve_exact(1);
+    }
+    window.push_back(item);
+    if window.len() > cap {
+        window.pop_front()
+    } else {
+        None
+    }
+}
+
 /// A speaker's key in the activity log (a human and an agent of the same
 /// name stay apart).
 fn speaker_key(human: bool, name: &Name) -> u64 {
@@ -467,10 +485,11 @@ impl WorldState {
         mentioned: &[Name],
         now: Instant,
     ) {
-        self.activity.push_back((now, speaker_key(human, speaker)));
-        if self.activity.len() > MAX_ACTIVITY {
-            self.activity.pop_front();
-        }
+        push_window(
+            &mut self.activity,
+            (now, speaker_key(human, speaker)),
+            MAX_ACTIVITY,
+        );
         if concludes {
             // "@bob thanks everyone": concluded, and bob may still answer.
             self.concluded = true;
@@ -553,7 +572,7 @@ impl WorldState {
         if keep == 0 {
             return;
         }
-        self.context.push_back(entry);
+        push_window(&mut self.context, entry, keep);
         while self.context.len() > keep {
             self.context.pop_front();
         }

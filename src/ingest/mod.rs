@@ -154,29 +154,37 @@ impl Worker {
             self.batch_connects = self.publisher.connects();
         }
         let replay = self.replay.clone(); // a handle: `decide` borrows self mutably
-        let outbound = match (&delivery, &replay) {
+        match (&delivery, &replay) {
             (Some(d), Some(replay)) => {
                 let earlier = if d.redelivered {
                     replay.get(d.sequence)
                 } else {
                     None
                 };
-                match earlier {
+                let outbound = match earlier {
                     // Redelivered while its first outputs may still be in
                     // flight: send exactly those again (same ids).
                     Some(outbound) => outbound,
                     None => {
-                        let outbound = self.decide(origin, &message, Some(&d.stable_id)).await;
+                        let outbound: Arc<[Outbound]> = self
+                            .decide(origin, &message, Some(&d.stable_id))
+                            .await
+                            .into();
                         replay.insert(d.sequence, outbound.clone());
                         outbound
                     }
+                };
+                for out in outbound.iter() {
+                    // Failures are logged by the publisher; the next copy still goes.
+                    let _ = self.publisher.send(out.clone()).await;
                 }
             }
-            _ => self.decide(origin, &message, None).await,
-        };
-        for out in outbound.iter() {
-            // Failures are logged by the publisher; the next copy still goes.
-            let _ = self.publisher.send(out.clone()).await;
+            // At most once: nothing to replay, so the copies move out.
+            _ => {
+                for out in self.decide(origin, &message, None).await {
+                    let _ = self.publisher.send(out).await;
+                }
+            }
         }
         if let Some(d) = delivery {
             self.acks.push(d.acker);
@@ -191,7 +199,7 @@ impl Worker {
         origin: Origin,
         message: &Message,
         stable_id: Option<&str>,
-    ) -> Arc<[Outbound]> {
+    ) -> Vec<Outbound> {
         let header_id = message
             .headers
             .as_ref()
@@ -201,7 +209,7 @@ impl Worker {
             self.judge
                 .decide(origin, &message.payload, header_id.or(stable_id))
         else {
-            return Arc::from(Vec::new());
+            return Vec::new();
         };
         if let Some(check) = decision.policy.take() {
             // Acknowledge what is already published before a possibly slow
@@ -215,7 +223,7 @@ impl Worker {
                 .observe(started.elapsed().as_secs_f64());
             decision = self.judge.finish(decision, check, outcome);
         }
-        decision.outbound.into()
+        decision.outbound
     }
 
     /// Flushes, then acknowledges: an acknowledgement never reaches the

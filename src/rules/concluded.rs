@@ -3,8 +3,12 @@
 //! per mention — until a human speaks again. Keeps agents from reviving a
 //! finished conversation among themselves.
 
-use super::low_content::substance;
+use std::cell::RefCell;
+
+use aho_corasick::AhoCorasick;
+
 use super::{Context, Rule, RuleName, Verdict};
+use crate::normalize::{normalize, substance, substance_into};
 
 pub struct Concluded;
 
@@ -28,25 +32,57 @@ impl Rule for Concluded {
     }
 }
 
-/// The conclusion phrases as [`concludes`] matches them: normalised with
-/// punctuation and emoji removed, padded with spaces for whole words. Built
-/// once per configuration load, not per message.
-pub fn patterns(phrases: &[String]) -> Vec<String> {
-    phrases
-        .iter()
-        .map(|p| substance(p))
-        .filter(|p| !p.is_empty())
-        .map(|p| format!(" {p} "))
-        .collect()
-}
+/// `conversation.conclusion_phrases`, ready to match: each phrase reduced
+/// to its substance and padded with spaces so only whole words match, all
+/// found in one pass over a message by an Aho-Corasick automaton. Built once
+/// per configuration load, not per message.
+#[derive(Debug, Clone, Default)]
+pub struct Conclusions(Option<AhoCorasick>);
 
-/// True when `content` holds one of `patterns` (see [`patterns`]).
-pub fn concludes(content: &str, patterns: &[String]) -> bool {
-    if patterns.is_empty() {
-        return false;
+impl Conclusions {
+    pub fn new(phrases: &[String]) -> Conclusions {
+        let patterns: Vec<String> = phrases
+            .iter()
+            .map(|p| substance(p))
+            .filter(|p| !p.is_empty())
+            .map(|p| format!(" {p} "))
+            .collect();
+        if patterns.is_empty() {
+            return Conclusions(None);
+        }
+        // Patterns are short and few; building cannot fail at that size, and
+        // if it ever did, no phrase matching is the safe side.
+        Conclusions(AhoCorasick::new(patterns).ok())
     }
-    let text = format!(" {} ", substance(content));
-    patterns.iter().any(|p| text.contains(p.as_str()))
+
+    /// True when `content` holds one of the phrases.
+    pub fn found(&self, content: &str) -> bool {
+        self.found_in_normalized(&normalize(content))
+    }
+
+    /// True when `normalized` (content as [`normalize`] gives it) holds one
+    /// of the phrases. The hot path passes the text it normalised for the
+    /// duplicate hash, so a message is normalised once.
+    pub fn found_in_normalized(&self, normalized: &str) -> bool {
+        thread_local! {
+            static TEXT: RefCell<String> = const { RefCell::new(String::new()) };
+        }
+        let Some(matcher) = &self.0 else {
+            return false;
+        };
+        TEXT.with(|text| {
+            let mut text = text.borrow_mut();
+            text.clear();
+            text.push(' ');
+            substance_into(normalized, &mut text);
+            text.push(' ');
+            let found = matcher.is_match(text.as_str());
+            if text.capacity() > 64 * 1024 {
+                *text = String::new(); // do not keep a huge one around
+            }
+            found
+        })
+    }
 }
 
 #[cfg(test)]
@@ -56,8 +92,12 @@ mod tests {
     use crate::names::Name;
     use crate::rules::testing::Fixture;
 
-    fn phrases() -> Vec<String> {
-        patterns(&ConversationConfig::default().conclusion_phrases)
+    fn phrases() -> Conclusions {
+        Conclusions::new(&ConversationConfig::default().conclusion_phrases)
+    }
+
+    fn concludes(content: &str, phrases: &Conclusions) -> bool {
+        phrases.found(content)
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! they stay allowed.
 
 use super::{Context, Rule, RuleName, Verdict};
-use crate::normalize::normalize;
+use crate::normalize::substance;
 
 pub struct LowContent;
 
@@ -35,16 +35,6 @@ impl Rule for LowContent {
         }
         Verdict::Allow
     }
-}
-
-/// Normalised content with everything but letters, digits and spaces
-/// removed, spaces collapsed: "@bob Sounds good!! 👍" → "sounds good".
-pub fn substance(content: &str) -> String {
-    let kept: String = normalize(content)
-        .chars()
-        .map(|c| if c.is_alphanumeric() { c } else { ' ' })
-        .collect();
-    kept.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]
@@ -102,11 +92,5 @@ mod tests {
     fn off_by_default() {
         let f = Fixture::new(RulesConfig::default());
         assert!(f.check_content(&LowContent, "ok", true).allows());
-    }
-
-    #[test]
-    fn substance_strips_mentions_punctuation_and_emoji() {
-        assert_eq!(substance("@bob  Sounds GOOD!! 👍"), "sounds good");
-        assert_eq!(substance("🙂🙂"), "");
     }
 }

@@ -14,8 +14,8 @@
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
-use super::low_content::substance;
 use super::{Context, Rule, RuleName, Verdict};
+use crate::normalize::substance;
 
 /// Most content words kept per message (the rest are ignored).
 pub const MAX_WORDS: usize = 64;
