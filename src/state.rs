@@ -38,6 +38,12 @@ pub const MAX_MENTIONED: usize = 64;
 /// Most approval times held for the `budget` rule (its `max` is capped too).
 pub const MAX_BUDGET_WINDOW: usize = 10_000;
 
+/// A per-world map. foldhash (randomly seeded per map) rather than the
+/// standard SipHash: these maps are looked up several times per message, and
+/// each is capped (`MAX_*`), so even a crafted flood of colliding keys could
+/// slow only its own world, and only boundedly.
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// One agent known to a world.
 #[derive(Debug, Clone)]
 pub struct Agent {
@@ -93,12 +99,12 @@ pub struct WorldState {
     pub turns: u32,
     /// Set with the turn-limit notice; agents stay rejected until a reset.
     pub paused: bool,
-    agents: HashMap<Name, Agent>,
-    messages: HashMap<Arc<str>, Remembered>,
+    agents: Map<Name, Agent>,
+    messages: Map<Arc<str>, Remembered>,
     /// Insertion order of `messages`, for eviction.
     message_order: VecDeque<Arc<str>>,
     /// Latest approved message id of each thread.
-    thread_latest: HashMap<Arc<str>, Arc<str>>,
+    thread_latest: Map<Arc<str>, Arc<str>>,
     latest: Option<Arc<str>>,
     /// (approved at, hash of normalised content), oldest first.
     contents: VecDeque<(Instant, u64)>,
@@ -132,9 +138,9 @@ impl WorldState {
             turns: 0,
             paused: false,
             agents,
-            messages: HashMap::new(),
+            messages: Map::default(),
             message_order: VecDeque::new(),
-            thread_latest: HashMap::new(),
+            thread_latest: Map::default(),
             latest: None,
             contents: VecDeque::new(),
             word_sets: VecDeque::new(),
@@ -677,7 +683,10 @@ pub fn lock(world: &WorldHandle) -> MutexGuard<'_, WorldState> {
 /// `state.idle_seconds` without a message.
 #[derive(Clone)]
 pub struct Worlds {
-    cache: moka::sync::Cache<Name, WorldHandle>,
+    /// Hashed with foldhash's quality variant, randomly seeded: the world
+    /// lookup is on every message, and SipHash cost more than the lookup's
+    /// own work.
+    cache: moka::sync::Cache<Name, WorldHandle, foldhash::quality::RandomState>,
     idle: Duration,
 }
 
@@ -692,7 +701,7 @@ impl Worlds {
             .max_capacity(settings.config.state.max_worlds)
             .time_to_idle(idle)
             .eviction_policy(moka::policy::EvictionPolicy::lru())
-            .build();
+            .build_with_hasher(foldhash::quality::RandomState::default());
         Worlds { cache, idle }
     }
 

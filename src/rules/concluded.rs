@@ -3,12 +3,12 @@
 //! per mention — until a human speaks again. Keeps agents from reviving a
 //! finished conversation among themselves.
 
-use std::cell::RefCell;
-
-use aho_corasick::AhoCorasick;
+use aho_corasick::automaton::Automaton;
+use aho_corasick::dfa::DFA;
+use aho_corasick::Anchored;
 
 use super::{Context, Rule, RuleName, Verdict};
-use crate::normalize::{normalize, substance, substance_into};
+use crate::normalize::{normalize, substance};
 
 pub struct Concluded;
 
@@ -33,11 +33,11 @@ impl Rule for Concluded {
 }
 
 /// `conversation.conclusion_phrases`, ready to match: each phrase reduced
-/// to its substance and padded with spaces so only whole words match, all
-/// found in one pass over a message by an Aho-Corasick automaton. Built once
-/// per configuration load, not per message.
+/// to its substance and padded with a space each side, so only whole words
+/// match, all compiled into one Aho-Corasick DFA. Built once per
+/// configuration load, not per message.
 #[derive(Debug, Clone, Default)]
-pub struct Conclusions(Option<AhoCorasick>);
+pub struct Conclusions(Option<DFA>);
 
 impl Conclusions {
     pub fn new(phrases: &[String]) -> Conclusions {
@@ -52,7 +52,7 @@ impl Conclusions {
         }
         // Patterns are short and few; building cannot fail at that size, and
         // if it ever did, no phrase matching is the safe side.
-        Conclusions(AhoCorasick::new(patterns).ok())
+        Conclusions(DFA::new(patterns).ok())
     }
 
     /// True when `content` holds one of the phrases.
@@ -62,26 +62,55 @@ impl Conclusions {
 
     /// True when `normalized` (content as [`normalize`] gives it) holds one
     /// of the phrases. The hot path passes the text it normalised for the
-    /// duplicate hash, so a message is normalised once.
+    /// duplicate hash, so a message is normalised once; its substance (see
+    /// [`crate::normalize::substance_into`]) is fed to the automaton as it is made, padded
+    /// like the patterns, without a buffer.
     pub fn found_in_normalized(&self, normalized: &str) -> bool {
-        thread_local! {
-            static TEXT: RefCell<String> = const { RefCell::new(String::new()) };
-        }
-        let Some(matcher) = &self.0 else {
+        let Some(dfa) = &self.0 else {
             return false;
         };
-        TEXT.with(|text| {
-            let mut text = text.borrow_mut();
-            text.clear();
-            text.push(' ');
-            substance_into(normalized, &mut text);
-            text.push(' ');
-            let found = matcher.is_match(text.as_str());
-            if text.capacity() > 64 * 1024 {
-                *text = String::new(); // do not keep a huge one around
+        let Ok(mut state) = dfa.start_state(Anchored::No) else {
+            return false;
+        };
+        let mut step = |b: u8| {
+            state = dfa.next_state(Anchored::No, state, b);
+            dfa.is_special(state) && dfa.is_match(state)
+        };
+        if step(b' ') {
+            return true;
+        }
+        let (mut gap, mut started) = (false, false);
+        if normalized.is_ascii() {
+            // The common case, byte by byte; the same walk as below.
+            for &b in normalized.as_bytes() {
+                if !b.is_ascii_alphanumeric() {
+                    gap = true;
+                    continue;
+                }
+                if gap && started && step(b' ') {
+                    return true;
+                }
+                (gap, started) = (false, true);
+                if step(b) {
+                    return true;
+                }
             }
-            found
-        })
+            return step(b' ');
+        }
+        for c in normalized.chars() {
+            if !c.is_alphanumeric() {
+                gap = true;
+                continue;
+            }
+            if gap && started && step(b' ') {
+                return true;
+            }
+            (gap, started) = (false, true);
+            if c.encode_utf8(&mut [0; 4]).bytes().any(&mut step) {
+                return true;
+            }
+        }
+        step(b' ')
     }
 }
 
@@ -98,6 +127,32 @@ mod tests {
 
     fn concludes(content: &str, phrases: &Conclusions) -> bool {
         phrases.found(content)
+    }
+
+    #[test]
+    fn the_streamed_match_agrees_with_a_search_of_the_padded_substance() {
+        let phrases = ConversationConfig::default().conclusion_phrases;
+        let matcher = Conclusions::new(&phrases);
+        let patterns: Vec<String> = phrases
+            .iter()
+            .map(|p| format!(" {} ", substance(p)))
+            .collect();
+        for text in [
+            "OK, thanks everyone!",
+            "thanks everyone",
+            "thanks  ...everyone",
+            "THAT'S ALL",
+            "thanks everyonex",
+            "xthanks everyone",
+            "",
+            "🙂 thanks, everyone 🙂",
+            "noch etwas: thanks everyone — ünd",
+            "we are done here",
+        ] {
+            let padded = format!(" {} ", substance(text));
+            let expected = patterns.iter().any(|p| padded.contains(p.as_str()));
+            assert_eq!(matcher.found(text), expected, "{text:?}");
+        }
     }
 
     #[test]
