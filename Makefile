@@ -78,13 +78,14 @@ demo: deps
 	target/debug/examples/demo; \
 	echo; echo "loopguard's log: $(DEMO_LOG)"
 
-# The relay benchmark (loopguard beside its baselines) and the criterion
-# micro-benchmarks; the relay table is kept in docs/benchmarks.md.
+# The relay benchmark (loopguard beside its baselines), the criterion
+# micro-benchmarks and memory per idle world; kept in docs/benchmarks.md.
 bench: deps
 	$(CARGO) build --release --bin loopguard --example bare_relay
 	$(CARGO) bench --bench relay | tee target/bench-relay.md
 	$(CARGO) bench --bench decision -- --warm-up-time 1 --measurement-time 3 | tee target/bench-decision.txt
-	scripts/bench_report.sh target/bench-relay.md target/bench-decision.txt > docs/benchmarks.md
+	$(CARGO) bench --bench state_memory | tee target/bench-state-memory.md
+	scripts/bench_report.sh target/bench-relay.md target/bench-decision.txt target/bench-state-memory.md > docs/benchmarks.md
 
 # Resident memory under floods of unique worlds, agents, threads, contents.
 memory: deps
