@@ -50,9 +50,15 @@ impl Conclusions {
         if patterns.is_empty() {
             return Conclusions(None);
         }
-        // Patterns are short and few; building cannot fail at that size, and
-        // if it ever did, no phrase matching is the safe side.
-        Conclusions(DFA::new(patterns).ok())
+        // Phrases are short and few; should a huge list ever fail to build,
+        // say so, and match none (no conclusion is the safe side).
+        match DFA::new(patterns) {
+            Ok(dfa) => Conclusions(Some(dfa)),
+            Err(error) => {
+                tracing::warn!(%error, "conversation.conclusion_phrases could not be compiled; no message will conclude a world");
+                Conclusions(None)
+            }
+        }
     }
 
     /// True when `content` holds one of the phrases.
@@ -62,9 +68,9 @@ impl Conclusions {
 
     /// True when `normalized` (content as [`normalize`] gives it) holds one
     /// of the phrases. The hot path passes the text it normalised for the
-    /// duplicate hash, so a message is normalised once; its substance (see
-    /// [`crate::normalize::substance_into`]) is fed to the automaton as it is made, padded
-    /// like the patterns, without a buffer.
+    /// duplicate hash, so a message is normalised once; its substance (as
+    /// [`crate::normalize::substance_into`] makes it) is fed to the
+    /// automaton as it is made, padded like the patterns, without a buffer.
     pub fn found_in_normalized(&self, normalized: &str) -> bool {
         let Some(dfa) = &self.0 else {
             return false;
