@@ -75,24 +75,6 @@ pub fn substance(content: &str) -> String {
 pub fn substance_into(normalized: &str, out: &mut String) {
     let start = out.len();
     let mut gap = false;
-    if normalized.is_ascii() {
-        // The common case, byte by byte; the same rule as below.
-        let mut bytes = std::mem::take(out).into_bytes();
-        for &b in normalized.as_bytes() {
-            if b.is_ascii_alphanumeric() {
-                if gap && bytes.len() > start {
-                    bytes.push(b' ');
-                }
-                gap = false;
-                bytes.push(b);
-            } else {
-                gap = true;
-            }
-        }
-        // Only ASCII was appended to valid UTF-8, so this cannot fail.
-        *out = String::from_utf8(bytes).unwrap_or_default();
-        return;
-    }
     for c in normalized.chars() {
         if c.is_alphanumeric() {
             if gap && out.len() > start {
