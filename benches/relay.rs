@@ -277,15 +277,7 @@ impl Relay {
 
     /// user + system CPU time so far.
     fn cpu(&self) -> Result<Duration, Error> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .ok_or("stat")?
-            .1
-            .split_whitespace()
-            .collect();
-        let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
-        Ok(Duration::from_secs_f64(ticks as f64 / clock_ticks() as f64))
+        cpu_of(&self.child.id().to_string())
     }
 
     fn peak_rss_mib(&self) -> Result<f64, Error> {
@@ -324,14 +316,77 @@ impl Drop for Relay {
     }
 }
 
+/// user + system CPU time so far of process `pid` (or `self`).
+fn cpu_of(pid: &str) -> Result<Duration, Error> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .ok_or("stat")?
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    Ok(Duration::from_secs_f64(ticks as f64 / clock_ticks() as f64))
+}
+
+/// Where the machine's CPU went during one step: the relay, the server and
+/// this process (producer and consumer), each in % of one CPU. With two
+/// CPUs, a sum near 200% means the step was limited by the machine, not by
+/// one process.
+struct Shares {
+    server: String,
+    relay: Option<String>,
+    before: [Duration; 3],
+    started: Instant,
+}
+
+impl Shares {
+    fn start(server: u32, relay: Option<&Relay>) -> Result<Shares, Error> {
+        let server = server.to_string();
+        let relay = relay.map(|r| r.child.id().to_string());
+        let mut shares = Shares {
+            server,
+            relay,
+            before: [Duration::ZERO; 3],
+            started: Instant::now(),
+        };
+        shares.before = shares.now()?;
+        Ok(shares)
+    }
+
+    fn now(&self) -> Result<[Duration; 3], Error> {
+        Ok([
+            self.relay.as_deref().map_or(Ok(Duration::ZERO), cpu_of)?,
+            cpu_of(&self.server)?,
+            cpu_of("self")?,
+        ])
+    }
+
+    /// "relay x% server y% bench z%" since `start`.
+    fn report(&self) -> Result<String, Error> {
+        let now = self.now()?;
+        let wall = self.started.elapsed().as_secs_f64();
+        let pct = |i: usize| (now[i] - self.before[i]).as_secs_f64() * 100.0 / wall;
+        Ok(format!(
+            "cpu: relay {:>3.0}% server {:>3.0}% bench {:>3.0}%",
+            pct(0),
+            pct(1),
+            pct(2)
+        ))
+    }
+}
+
 fn clock_ticks() -> u64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100)
+    static TICKS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100)
+    })
 }
 
 /// Waits until a message sent through the set-up comes out.
@@ -370,7 +425,12 @@ struct Row {
     dropped: f64,
 }
 
-async fn measure(url: &str, setup: Setup, dir: &std::path::Path) -> Result<Row, Error> {
+async fn measure(
+    url: &str,
+    server: u32,
+    setup: Setup,
+    dir: &std::path::Path,
+) -> Result<Row, Error> {
     // One process per set-up: the worlds it holds live on from step to step.
     let relay = Relay::start(setup, url, dir)?;
     until_ready(url, setup).await?;
@@ -394,15 +454,17 @@ async fn measure(url: &str, setup: Setup, dir: &std::path::Path) -> Result<Row, 
     // Peak memory and slow-consumer drops as of the last step that passed.
     let (mut rss, mut dropped) = (None, 0.0);
     loop {
+        let shares = Shares::start(server, relay.as_ref())?;
         let o = send(url, setup, rate, rate * STEP.as_secs(), &mut next).await?;
         eprintln!(
-            "  {:<38} offered {:>7}/s sent {:>7}/s loss {:>6.3}% p99 {:>8.2?} {}",
+            "  {:<38} offered {:>7}/s sent {:>7}/s loss {:>6.3}% p99 {:>8.2?} {:<4} {}",
             setup.label(),
             o.offered,
             o.rate,
             o.loss * 100.0,
             o.p99,
-            if o.passes() { "ok" } else { "FAIL" }
+            if o.passes() { "ok" } else { "FAIL" },
+            shares.report()?
         );
         if !o.passes() || o.rate < o.offered * 95 / 100 {
             break;
@@ -471,7 +533,7 @@ async fn main() -> Result<(), Error> {
             continue;
         }
         eprintln!("{}", setup.label());
-        rows.push(measure(&url, setup, dir.path()).await?);
+        rows.push(measure(&url, nats.id(), setup, dir.path()).await?);
     }
     let _ = nats.kill();
 

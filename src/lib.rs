@@ -28,6 +28,15 @@
 //! - [`clock`]: injected time, so rules are tested without sleeping.
 #![forbid(unsafe_code)]
 
+/// The allocator of every binary built on this crate — the sidecar, its
+/// tests and its benchmarks, so the benchmarks measure what ships. mimalloc,
+/// not the system's: loopguard's heap is millions of small, short-lived
+/// allocations beside long-lived per-world state, and under that mix glibc's
+/// free lists fragmented until `malloc` and `free` took a fifth of the CPU
+/// and the sustained rate fell by a third (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 pub mod admin;
 pub mod app;
 pub mod clock;
