@@ -2,32 +2,13 @@
 //! [`report`] writes the log line, counts the metrics and serialises the
 //! event, so the three can never disagree.
 
-use serde::Serialize;
-
 use crate::config::Config;
-use crate::judge::{to_bytes, Decision, Outbound};
+use crate::json;
+use crate::judge::{Decision, Outbound};
 use crate::metrics::{Metrics, Outcome};
 use crate::routing::Visibility;
 use crate::rules::RuleName;
 use crate::subject::{SenderKind, Subjects};
-
-/// The event published on `P.events.W`.
-#[derive(Serialize)]
-struct Event<'a> {
-    id: &'a str,
-    world: &'a str,
-    sender: &'a str,
-    sender_kind: Option<SenderKind>,
-    decision: &'static str,
-    rule: Option<RuleName>,
-    reason: &'a str,
-    depth: u32,
-    turn: u32,
-    delivered_to: &'a [String],
-    observed_at: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    would_reject: Option<RuleName>,
-}
 
 /// Logs and counts `d`, and returns its event when one is due.
 pub fn report(
@@ -75,23 +56,26 @@ pub fn report(
     if plain_approval && !config.events.approved {
         return None;
     }
-    let event = Event {
-        id: &d.id,
-        world,
-        sender: &d.sender,
-        sender_kind: d.kind,
-        decision: d.outcome.as_str(),
-        rule: d.rule,
-        reason: &d.reason,
-        depth: d.depth,
-        turn: d.turn,
-        delivered_to: &d.delivered_to,
-        observed_at: &d.observed_at,
-        would_reject: d.would_reject,
-    };
+    // The event published on `P.events.W` (contract §4).
+    let mut event = json::Object::with_capacity(256 + d.reason.len());
+    event
+        .str("id", &d.id)
+        .str("world", world)
+        .str("sender", &d.sender)
+        .opt_str("sender_kind", d.kind.map(SenderKind::as_str))
+        .str("decision", d.outcome.as_str())
+        .opt_str("rule", d.rule.map(RuleName::as_str))
+        .str("reason", &d.reason)
+        .u32("depth", d.depth)
+        .u32("turn", d.turn)
+        .strs("delivered_to", &d.delivered_to)
+        .str("observed_at", &d.observed_at);
+    if let Some(rule) = d.would_reject {
+        event.str("would_reject", rule.as_str());
+    }
     Some(Outbound {
         subject: subjects.events(world_name),
         msg_id: None,
-        payload: to_bytes(&event),
+        payload: event.finish(),
     })
 }

@@ -19,6 +19,7 @@ use crate::clock::{rfc3339, Clock};
 use crate::config::{FailMode, Mode, Settings};
 use crate::envelope::{self, EnvelopeError};
 use crate::events;
+use crate::json;
 use crate::metrics::{Handoff, Metrics, Outcome};
 use crate::names::Name;
 use crate::normalize::normalize_into;
@@ -170,9 +171,7 @@ pub enum PolicyOutcome {
 }
 
 /// The egress payload (contract §4): the ingress fields plus loopguard's.
-#[derive(Serialize)]
 struct Egress<'a> {
-    #[serde(flatten)]
     fields: &'a Map<String, Value>,
     id: &'a str,
     world: &'a Name,
@@ -185,8 +184,33 @@ struct Egress<'a> {
     mentions: &'a [Name],
     visibility: &'static str,
     received_at: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Set on notices only.
     reason: Option<&'static str>,
+}
+
+impl Egress<'_> {
+    /// The JSON body: the ingress fields first, then loopguard's.
+    fn to_json(&self) -> Bytes {
+        let mut o = json::Object::with_capacity(256 + self.content.len());
+        for (key, value) in self.fields {
+            o.value(key, value);
+        }
+        o.str("id", self.id)
+            .str("world", self.world.as_str())
+            .str("sender", self.sender)
+            .str("sender_kind", self.sender_kind.as_str())
+            .str("content", self.content)
+            .str("thread_id", self.thread_id)
+            .opt_str("parent_id", self.parent_id)
+            .u32("depth", self.depth)
+            .strs("mentions", self.mentions)
+            .str("visibility", self.visibility)
+            .str("received_at", self.received_at);
+        if let Some(reason) = self.reason {
+            o.str("reason", reason);
+        }
+        o.finish()
+    }
 }
 
 /// Keys loopguard sets on every egress copy; ingress copies of them are
@@ -636,7 +660,7 @@ impl Judge {
             };
             d.outbound.push(Outbound {
                 subject: self.subjects.public(world),
-                payload: to_bytes(&body),
+                payload: body.to_json(),
                 msg_id: Some(notice_id),
             });
         }
@@ -653,7 +677,7 @@ impl Judge {
         lineage: &Lineage,
         route: &Route,
     ) -> Bytes {
-        let body = to_bytes(&Egress {
+        let body = Egress {
             fields: &env.fields,
             id: &d.id,
             world,
@@ -667,7 +691,8 @@ impl Judge {
             visibility: route.visibility.as_str(),
             received_at: &d.observed_at,
             reason: None,
-        });
+        }
+        .to_json();
         // One name-based UUID per message; each copy adds its destination.
         let key = message_key(world, kind, &d.sender, &d.id);
         d.outbound
@@ -724,15 +749,6 @@ fn copy_id(key: &str, dest: &str) -> String {
     id.push(':');
     id.push_str(dest);
     id
-}
-
-/// Serialises a payload. Serialising these types cannot fail (string keys,
-/// no fallible `Serialize` impls); should it ever, an empty object is sent
-/// rather than a panic.
-pub(crate) fn to_bytes<T: Serialize>(value: &T) -> Bytes {
-    serde_json::to_vec(value)
-        .map(Bytes::from)
-        .unwrap_or_else(|_| Bytes::from_static(b"{}"))
 }
 
 #[cfg(test)]

@@ -44,6 +44,7 @@ pub mod config;
 pub mod envelope;
 pub mod events;
 pub mod ingest;
+pub mod json;
 pub mod judge;
 pub mod mentions;
 pub mod metrics;
