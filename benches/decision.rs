@@ -84,9 +84,29 @@ fn decision(c: &mut Criterion) {
         })
         .collect();
     let (first, later) = times.split_at(WORLDS);
+    // How many later decisions took over 8 µs, and how many of those came
+    // exactly 64 decisions after the previous one: moka applies its log of
+    // reads every 64 lookups, on the thread that made the 64th.
+    let slow: Vec<usize> = (0..later.len()).filter(|&i| later[i] > 8_000).collect();
+    let periodic = slow.windows(2).filter(|w| w[1] - w[0] == 64).count();
+    // Later messages by sender kind: a human's broadcast has five copies.
+    let is_human = |i: usize| inputs[WORLDS + i].0.contains(".human.");
+    let human: Vec<u64> = (0..later.len())
+        .filter(|&i| is_human(i))
+        .map(|i| later[i])
+        .collect();
+    let agent: Vec<u64> = (0..later.len())
+        .filter(|&i| !is_human(i))
+        .map(|i| later[i])
+        .collect();
     for (what, times) in [
         ("first message of a world", first),
         ("later messages, all events on", later),
+        ("later agent messages", &agent[..]),
+        (
+            "later human messages (a broadcast to 4 inboxes)",
+            &human[..],
+        ),
     ] {
         let mut times = times.to_vec();
         times.sort_unstable();
@@ -102,6 +122,12 @@ fn decision(c: &mut Criterion) {
             pct(1.0)
         );
     }
+    println!(
+        "later decisions over 8 µs: {} of {} ({:.2}%), {periodic} of them 64 decisions after the previous one",
+        slow.len(),
+        later.len(),
+        slow.len() as f64 * 100.0 / later.len() as f64
+    );
 }
 
 fn mentions(c: &mut Criterion) {
