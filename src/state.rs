@@ -71,6 +71,112 @@ impl Agent {
     }
 }
 
+/// Rosters up to this size are a list searched in order; larger ones a map.
+const ROSTER_LIST_MAX: usize = 8;
+
+/// A world's agents by name. Most worlds have a handful, and a hash map's
+/// smallest table has room for four, so a short roster is a list (searched
+/// in order) and becomes a map only past [`ROSTER_LIST_MAX`] agents.
+#[derive(Debug)]
+enum Roster {
+    List(Vec<(Name, Agent)>),
+    /// Boxed: the rare large roster pays for the pointer, not every world.
+    Map(Box<Map<Name, Agent>>),
+}
+
+impl Roster {
+    fn new(agents: impl Iterator<Item = (Name, Agent)>) -> Roster {
+        let mut roster = Roster::List(Vec::new());
+        for (name, agent) in agents {
+            roster.insert(name, agent);
+        }
+        roster
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Roster::List(list) => list.len(),
+            Roster::Map(map) => map.len(),
+        }
+    }
+
+    fn get_key_value(&self, name: &str) -> Option<(&Name, &Agent)> {
+        match self {
+            Roster::List(list) => list
+                .iter()
+                .find(|(n, _)| n.as_str() == name)
+                .map(|(n, a)| (n, a)),
+            Roster::Map(map) => map.get_key_value(name),
+        }
+    }
+
+    fn get(&self, name: &str) -> Option<&Agent> {
+        self.get_key_value(name).map(|(_, a)| a)
+    }
+
+    fn get_mut(&mut self, name: &str) -> Option<&mut Agent> {
+        match self {
+            Roster::List(list) => list
+                .iter_mut()
+                .find(|(n, _)| n.as_str() == name)
+                .map(|(_, a)| a),
+            Roster::Map(map) => map.get_mut(name),
+        }
+    }
+
+    /// Adds or replaces `name`'s entry.
+    fn insert(&mut self, name: Name, agent: Agent) {
+        if let Some(existing) = self.get_mut(name.as_str()) {
+            *existing = agent;
+            return;
+        }
+        match self {
+            Roster::List(list) if list.len() < ROSTER_LIST_MAX => {
+                if list.capacity() == 0 {
+                    list.reserve_exact(1);
+                }
+                list.push((name, agent));
+            }
+            Roster::List(list) => {
+                let mut map: Box<Map<Name, Agent>> =
+                    Box::new(std::mem::take(list).into_iter().collect());
+                map.insert(name, agent);
+                *self = Roster::Map(map);
+            }
+            Roster::Map(map) => {
+                map.insert(name, agent);
+            }
+        }
+    }
+
+    fn remove(&mut self, name: &str) {
+        match self {
+            Roster::List(list) => list.retain(|(n, _)| n.as_str() != name),
+            Roster::Map(map) => {
+                map.remove(name);
+            }
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&Name, &Agent)> {
+        let (list, map) = match self {
+            Roster::List(list) => (Some(list), None),
+            Roster::Map(map) => (None, Some(map)),
+        };
+        let list = list.into_iter().flatten().map(|(n, a)| (n, a));
+        list.chain(map.into_iter().flat_map(|m| m.iter()))
+    }
+
+    fn values_mut(&mut self) -> impl Iterator<Item = &mut Agent> {
+        let (list, map) = match self {
+            Roster::List(list) => (Some(list), None),
+            Roster::Map(map) => (None, Some(map)),
+        };
+        let list = list.into_iter().flatten().map(|(_, a)| a);
+        list.chain(map.into_iter().flat_map(|m| m.values_mut()))
+    }
+}
+
 /// What the depth rule needs of an approved message.
 #[derive(Debug, Clone)]
 pub struct Remembered {
@@ -99,40 +205,64 @@ pub struct WorldState {
     pub turns: u32,
     /// Set with the turn-limit notice; agents stay rejected until a reset.
     pub paused: bool,
-    agents: Map<Name, Agent>,
+    agents: Roster,
     messages: Map<Arc<str>, Remembered>,
     /// Insertion order of `messages`, for eviction.
     message_order: VecDeque<Arc<str>>,
-    /// Latest approved message id of each thread.
-    thread_latest: Map<Arc<str>, Arc<str>>,
+    /// Latest approved message id of each thread but `latest`'s own, so a
+    /// world talking in one thread keeps no index at all (and none boxed).
+    thread_latest: Option<Box<Map<Arc<str>, Arc<str>>>>,
+    /// The latest approved message, and so the latest of its thread.
     latest: Option<Arc<str>>,
     /// (approved at, hash of normalised content), oldest first.
     contents: VecDeque<(Instant, u64)>,
-    /// (approved at, content words) for the `similar` rule, oldest first.
-    word_sets: VecDeque<(Instant, Arc<[u64]>)>,
-    /// Agents that spoke since the last human or system message, in order.
-    speakers: VecDeque<Name>,
-    /// Times of the world's recent approved agent messages (for `budget`).
-    agent_approvals: VecDeque<Instant>,
-    /// Recent delivered messages, for agents' clean context (opt-in).
-    context: VecDeque<ContextEntry>,
     /// (approved at, speaker key) of recent messages, for the conversation
     /// state: a key, not a name, so an entry holds no allocation.
     activity: VecDeque<(Instant, u64)>,
     /// A conclusion phrase was approved and no human has spoken since.
     concluded: bool,
+    /// What only optional rules and features keep; none until one needs it.
+    extras: Option<Box<Extras>>,
+    /// `state.idle_seconds`, as whole seconds: four bytes, not sixteen.
+    idle_seconds: u32,
+}
+
+/// The state of the rules and features that are off by default
+/// (`alternation`, `similar`, `budget`, `concluded`, agents' context). Kept
+/// apart and allocated on first use, since idle worlds are most of the
+/// memory and most of them never need it.
+#[derive(Debug, Default)]
+struct Extras {
+    /// (approved at, content words) for the `similar` rule, oldest first.
+    word_sets: VecDeque<(Instant, Arc<[u64]>)>,
+    /// Agents that spoke since the last human or system message, in order
+    /// (kept while `alternation` is on).
+    speakers: VecDeque<Name>,
+    /// Times of the world's recent approved agent messages (for `budget`).
+    agent_approvals: VecDeque<Instant>,
+    /// Recent delivered messages, for agents' clean context (opt-in).
+    context: VecDeque<ContextEntry>,
     /// Agents mentioned since the conclusion, each allowed one reply.
     mentioned: Vec<Name>,
-    idle: Duration,
 }
+
+/// What a world without [`Extras`] reads.
+static NO_EXTRAS: Extras = Extras {
+    word_sets: VecDeque::new(),
+    speakers: VecDeque::new(),
+    agent_approvals: VecDeque::new(),
+    context: VecDeque::new(),
+    mentioned: Vec::new(),
+};
 
 impl WorldState {
     pub fn new(settings: Arc<WorldSettings>, idle: Duration, now: Instant) -> WorldState {
-        let agents = settings
-            .agents
-            .iter()
-            .map(|a| (a.clone(), Agent::new(true, now)))
-            .collect();
+        let agents = Roster::new(
+            settings
+                .agents
+                .iter()
+                .map(|a| (a.clone(), Agent::new(true, now))),
+        );
         WorldState {
             settings,
             turns: 0,
@@ -140,18 +270,26 @@ impl WorldState {
             agents,
             messages: Map::default(),
             message_order: VecDeque::new(),
-            thread_latest: Map::default(),
+            thread_latest: None,
             latest: None,
             contents: VecDeque::new(),
-            word_sets: VecDeque::new(),
-            speakers: VecDeque::new(),
-            agent_approvals: VecDeque::new(),
-            context: VecDeque::new(),
             activity: VecDeque::new(),
             concluded: false,
-            mentioned: Vec::new(),
-            idle,
+            extras: None,
+            idle_seconds: u32::try_from(idle.as_secs()).unwrap_or(u32::MAX),
         }
+    }
+
+    fn idle(&self) -> Duration {
+        Duration::from_secs(self.idle_seconds.into())
+    }
+
+    fn extras(&self) -> &Extras {
+        self.extras.as_deref().unwrap_or(&NO_EXTRAS)
+    }
+
+    fn extras_mut(&mut self) -> &mut Extras {
+        self.extras.get_or_insert_with(Default::default)
     }
 
     /// Brings the world onto `settings` after a configuration reload: new
@@ -165,7 +303,7 @@ impl WorldState {
             agent.pinned = false;
         }
         for name in &settings.agents {
-            match self.agents.get_mut(name) {
+            match self.agents.get_mut(name.as_str()) {
                 Some(agent) => agent.pinned = true,
                 None => {
                     self.agents.insert(name.clone(), Agent::new(true, now));
@@ -179,7 +317,7 @@ impl WorldState {
     pub fn roster_get(&self, name: &str, now: Instant) -> Option<(&Name, &Agent)> {
         self.agents
             .get_key_value(name)
-            .filter(|(_, a)| a.pinned || now.saturating_duration_since(a.last_seen) <= self.idle)
+            .filter(|(_, a)| a.pinned || now.saturating_duration_since(a.last_seen) <= self.idle())
     }
 
     /// Names on the roster now, sorted for stable output.
@@ -187,7 +325,7 @@ impl WorldState {
         let mut names: Vec<Name> = self
             .agents
             .iter()
-            .filter(|(_, a)| a.pinned || now.saturating_duration_since(a.last_seen) <= self.idle)
+            .filter(|(_, a)| a.pinned || now.saturating_duration_since(a.last_seen) <= self.idle())
             .map(|(n, _)| n.clone())
             .collect();
         names.sort();
@@ -195,13 +333,13 @@ impl WorldState {
     }
 
     pub fn agent(&self, name: &Name) -> Option<&Agent> {
-        self.agents.get(name)
+        self.agents.get(name.as_str())
     }
 
     /// Puts `name` on the roster (join or publish), evicting the least
     /// recently seen unpinned agent when the roster is full.
     pub fn touch_agent(&mut self, name: &Name, now: Instant) {
-        if let Some(agent) = self.agents.get_mut(name) {
+        if let Some(agent) = self.agents.get_mut(name.as_str()) {
             agent.last_seen = now;
             return;
         }
@@ -214,7 +352,7 @@ impl WorldState {
                 .map(|(n, _)| n.clone());
             match oldest {
                 Some(n) => {
-                    self.agents.remove(&n);
+                    self.agents.remove(n.as_str());
                 }
                 None => return,
             }
@@ -243,7 +381,7 @@ impl WorldState {
             .and_then(|p| self.messages.get_key_value(p))
             .or_else(|| {
                 thread_id
-                    .and_then(|t| self.thread_latest.get(t))
+                    .and_then(|t| self.latest_in_thread(t))
                     .and_then(|id| self.messages.get_key_value(id))
             })
             .or_else(|| {
@@ -269,6 +407,21 @@ impl WorldState {
         }
     }
 
+    /// The latest remembered message of `thread`.
+    fn latest_in_thread(&self, thread: &str) -> Option<&Arc<str>> {
+        match &self.latest {
+            Some(id)
+                if self
+                    .messages
+                    .get(id)
+                    .is_some_and(|m| &*m.thread_id == thread) =>
+            {
+                Some(id)
+            }
+            _ => self.thread_latest.as_ref()?.get(thread),
+        }
+    }
+
     /// Records an approved (or edited) message: lineage, duplicate window and,
     /// for agents, the rate/cooldown history and the turn counter.
     pub fn record_approved(&mut self, approved: Approved<'_>) {
@@ -277,6 +430,13 @@ impl WorldState {
         let rememberable = approved.id.len() <= MAX_REMEMBERED_ID
             && approved.lineage.thread_id.len() <= MAX_REMEMBERED_ID;
         if rememberable {
+            let thread = &approved.lineage.thread_id;
+            // The message latest until now hands its thread to the index
+            // (read before a reused id is re-filed under another thread).
+            let previous = self.latest.take().and_then(|id| {
+                let its_thread = self.messages.get(&id)?.thread_id.clone();
+                Some((id, its_thread))
+            });
             // A message that starts a thread names it: one string for both.
             let id: Arc<str> = if *approved.lineage.thread_id == *approved.id {
                 approved.lineage.thread_id.clone()
@@ -300,16 +460,26 @@ impl WorldState {
                     self.forget_message(&old);
                 }
             }
-            self.thread_latest
-                .insert(approved.lineage.thread_id.clone(), id.clone());
-            if self.thread_latest.len() > 2 * MAX_REMEMBERED {
-                // Drop entries whose message was forgotten or re-filed under
-                // another thread (a reused id). Each remembered message backs at
-                // most one entry, so this leaves at most MAX_REMEMBERED, and runs
-                // once per MAX_REMEMBERED new threads at most.
-                let messages = &self.messages;
-                self.thread_latest
-                    .retain(|thread, id| messages.get(id).is_some_and(|m| m.thread_id == *thread));
+            if let Some((previous, its_thread)) = previous {
+                if its_thread != *thread {
+                    self.thread_latest
+                        .get_or_insert_with(Default::default)
+                        .insert(its_thread, previous);
+                }
+            }
+            if let Some(index) = &mut self.thread_latest {
+                index.remove(thread);
+                if index.len() > 2 * MAX_REMEMBERED {
+                    // Drop entries whose message was forgotten or re-filed
+                    // under another thread (a reused id). Each remembered
+                    // message backs at most one entry, so this leaves at most
+                    // MAX_REMEMBERED, and runs once per MAX_REMEMBERED new
+                    // threads at most.
+                    let messages = &self.messages;
+                    index.retain(|thread, id| {
+                        messages.get(id).is_some_and(|m| m.thread_id == *thread)
+                    });
+                }
             }
             self.latest = Some(id);
         }
@@ -321,19 +491,22 @@ impl WorldState {
         );
 
         if let Some((agent, keep)) = approved.agent {
-            if let Some(a) = self.agents.get_mut(agent) {
+            if let Some(a) = self.agents.get_mut(agent.as_str()) {
                 push_window(&mut a.approvals, approved.now, keep.max(1));
                 // A reload may have lowered the rate limit.
                 while a.approvals.len() > keep.max(1) {
                     a.approvals.pop_front();
                 }
             }
-            push_window(&mut self.speakers, agent.clone(), MAX_SPEAKERS);
+            if self.settings.rules.alternation.max_cycles > 0 {
+                push_window(&mut self.extras_mut().speakers, agent.clone(), MAX_SPEAKERS);
+            }
             let budget = self.settings.rules.budget.max as usize;
             if budget > 0 {
-                push_window(&mut self.agent_approvals, approved.now, MAX_BUDGET_WINDOW);
-                while self.agent_approvals.len() > budget.min(MAX_BUDGET_WINDOW) {
-                    self.agent_approvals.pop_front();
+                let approvals = &mut self.extras_mut().agent_approvals;
+                push_window(approvals, approved.now, MAX_BUDGET_WINDOW);
+                while approvals.len() > budget.min(MAX_BUDGET_WINDOW) {
+                    approvals.pop_front();
                 }
             }
         }
@@ -345,7 +518,7 @@ impl WorldState {
             return;
         }
         push_window(
-            &mut self.word_sets,
+            &mut self.extras_mut().word_sets,
             (now, Arc::from(words)),
             MAX_SIMILAR_WINDOW,
         );
@@ -353,7 +526,8 @@ impl WorldState {
 
     /// Content words of approved messages younger than `window`.
     pub fn recent_words(&self, now: Instant, window: Duration) -> impl Iterator<Item = &[u64]> {
-        self.word_sets
+        self.extras()
+            .word_sets
             .iter()
             .rev()
             .take_while(move |(at, _)| now.saturating_duration_since(*at) < window)
@@ -362,12 +536,13 @@ impl WorldState {
 
     /// Agents that spoke since the last human or system message, oldest first.
     pub fn speakers(&self) -> &VecDeque<Name> {
-        &self.speakers
+        &self.extras().speakers
     }
 
     /// Approved agent messages of the world younger than `window`.
     pub fn agent_approvals_within(&self, now: Instant, window: Duration) -> usize {
-        self.agent_approvals
+        self.extras()
+            .agent_approvals
             .iter()
             .rev()
             .take_while(|at| now.saturating_duration_since(**at) < window)
@@ -376,8 +551,10 @@ impl WorldState {
 
     fn forget_message(&mut self, id: &Arc<str>) {
         if let Some(meta) = self.messages.remove(id) {
-            if self.thread_latest.get(&meta.thread_id) == Some(id) {
-                self.thread_latest.remove(&meta.thread_id);
+            if let Some(index) = &mut self.thread_latest {
+                if index.get(&meta.thread_id) == Some(id) {
+                    index.remove(&meta.thread_id);
+                }
             }
         }
         if self.latest.as_ref() == Some(id) {
@@ -401,7 +578,9 @@ impl WorldState {
     pub fn reset_turns(&mut self) {
         self.turns = 0;
         self.paused = false;
-        self.speakers.clear();
+        if let Some(extras) = &mut self.extras {
+            extras.speakers.clear();
+        }
     }
 
     /// The admin reset: turns, pause, cooldown, rate and duplicate windows.
@@ -409,8 +588,10 @@ impl WorldState {
     pub fn reset(&mut self) {
         self.reset_turns();
         self.contents.clear();
-        self.word_sets.clear();
-        self.agent_approvals.clear();
+        if let Some(extras) = &mut self.extras {
+            extras.word_sets.clear();
+            extras.agent_approvals.clear();
+        }
         for agent in self.agents.values_mut() {
             agent.approvals.clear();
         }
@@ -499,21 +680,24 @@ impl WorldState {
         if concludes {
             // "@bob thanks everyone": concluded, and bob may still answer.
             self.concluded = true;
-            self.mentioned.clear();
-            self.mentioned
-                .extend(mentioned.iter().take(MAX_MENTIONED).cloned());
+            let allowed = &mut self.extras_mut().mentioned;
+            allowed.clear();
+            allowed.extend(mentioned.iter().take(MAX_MENTIONED).cloned());
             return;
         }
         if human {
             self.concluded = false;
-            self.mentioned.clear();
+            if let Some(extras) = &mut self.extras {
+                extras.mentioned.clear();
+            }
             return;
         }
         if self.concluded {
-            self.mentioned.retain(|a| a != speaker); // its reply is used
+            let allowed = &mut self.extras_mut().mentioned;
+            allowed.retain(|a| a != speaker); // its reply is used
             for agent in mentioned {
-                if !self.mentioned.contains(agent) && self.mentioned.len() < MAX_MENTIONED {
-                    self.mentioned.push(agent.clone());
+                if !allowed.contains(agent) && allowed.len() < MAX_MENTIONED {
+                    allowed.push(agent.clone());
                 }
             }
         }
@@ -525,7 +709,7 @@ impl WorldState {
 
     /// After a conclusion: `agent` was mentioned and has not replied yet.
     pub fn may_reply_after_conclusion(&self, agent: &Name) -> bool {
-        self.mentioned.contains(agent)
+        self.extras().mentioned.contains(agent)
     }
 
     /// The conversation state at `now`.
@@ -578,9 +762,10 @@ impl WorldState {
         if keep == 0 {
             return;
         }
-        push_window(&mut self.context, entry, keep);
-        while self.context.len() > keep {
-            self.context.pop_front();
+        let context = &mut self.extras_mut().context;
+        push_window(context, entry, keep);
+        while context.len() > keep {
+            context.pop_front();
         }
     }
 
@@ -588,6 +773,7 @@ impl WorldState {
     /// messages, the last `limit`, oldest first.
     pub fn context_of(&self, agent: &Name, limit: usize) -> Vec<bytes::Bytes> {
         let mut picked: Vec<bytes::Bytes> = self
+            .extras()
             .context
             .iter()
             .rev()
@@ -632,7 +818,7 @@ impl WorldState {
         let roster = self.roster(now);
         let agents = roster
             .iter()
-            .filter_map(|name| self.agents.get(name).map(|a| (name, a)))
+            .filter_map(|name| self.agents.get(name.as_str()).map(|a| (name, a)))
             .map(|(name, a)| {
                 let view = AgentView {
                     pinned: a.pinned,
@@ -784,6 +970,44 @@ mod tests {
     }
 
     #[test]
+    fn a_roster_is_the_same_as_a_list_and_as_a_map() {
+        let t0 = Instant::now();
+        let mut roster = Roster::new(std::iter::empty());
+        for size in 1..=ROSTER_LIST_MAX + 3 {
+            roster.insert(name(&format!("a{size}")), Agent::new(false, t0));
+            assert_eq!(
+                matches!(roster, Roster::List(_)),
+                size <= ROSTER_LIST_MAX,
+                "{size}"
+            );
+            assert_eq!(roster.len(), size);
+            for i in 1..=size {
+                let key = format!("a{i}");
+                assert_eq!(
+                    roster.get_key_value(&key).map(|(n, _)| n.as_str()),
+                    Some(&*key)
+                );
+            }
+            assert!(roster.get("a0").is_none());
+            // Replacing keeps one entry per name.
+            roster.insert(name("a1"), Agent::new(true, t0));
+            assert_eq!(roster.len(), size);
+            assert!(roster.get("a1").is_some_and(|a| a.pinned));
+            if let Some(a) = roster.get_mut("a1") {
+                a.pinned = false;
+            }
+            assert_eq!(roster.iter().count(), size);
+            assert_eq!(roster.values_mut().filter(|a| !a.pinned).count(), size);
+        }
+        roster.remove("a2");
+        assert!(roster.get("a2").is_none());
+        assert_eq!(roster.len(), ROSTER_LIST_MAX + 2);
+        let mut short = Roster::new([(name("x"), Agent::new(false, t0))].into_iter());
+        short.remove("x");
+        assert_eq!(short.len(), 0);
+    }
+
+    #[test]
     fn roster_is_capped_by_evicting_the_least_recently_seen() {
         let (mut w, t0) = world(&[]);
         for i in 0..MAX_AGENTS + 5 {
@@ -859,6 +1083,34 @@ mod tests {
     }
 
     #[test]
+    fn each_thread_resolves_to_its_latest_and_one_thread_keeps_no_index() {
+        let (mut w, t0) = world(&[]);
+        let parent = |w: &WorldState, thread: &str| {
+            w.lineage("x", Some(thread), None, true)
+                .parent_id
+                .map(|p| p.to_string())
+        };
+        let l = w.lineage("a1", Some("a"), None, false);
+        approve(&mut w, "a1", &l, t0);
+        let l = w.lineage("a2", Some("a"), None, true);
+        approve(&mut w, "a2", &l, t0);
+        assert!(w.thread_latest.is_none(), "one thread, no index");
+        let l = w.lineage("b1", Some("b"), None, false);
+        approve(&mut w, "b1", &l, t0);
+        assert_eq!(parent(&w, "a").as_deref(), Some("a2"));
+        assert_eq!(parent(&w, "b").as_deref(), Some("b1"));
+        let l = w.lineage("a3", Some("a"), None, true);
+        approve(&mut w, "a3", &l, t0);
+        assert_eq!(parent(&w, "a").as_deref(), Some("a3"));
+        assert_eq!(parent(&w, "b").as_deref(), Some("b1"));
+        assert_eq!(
+            w.thread_latest.as_ref().map(|i| i.len()),
+            Some(1),
+            "only b: a is the latest's own"
+        );
+    }
+
+    #[test]
     fn thread_index_stays_bounded_when_ids_are_reused_across_threads() {
         let (mut w, t0) = world(&[]);
         for i in 0..10 * MAX_REMEMBERED {
@@ -871,9 +1123,9 @@ mod tests {
             approve(&mut w, "same-id", &l, t0);
         }
         assert!(
-            w.thread_latest.len() <= 2 * MAX_REMEMBERED + 1,
-            "{}",
-            w.thread_latest.len()
+            w.thread_latest.as_ref().map_or(0, |i| i.len()) <= 2 * MAX_REMEMBERED + 1,
+            "{:?}",
+            w.thread_latest.as_ref().map(|i| i.len())
         );
         // a stale thread no longer resolves to a message filed elsewhere
         let l = w.lineage("n", Some("t0"), None, true);
