@@ -49,7 +49,21 @@ echo
 echo "## Criterion micro-benchmarks"
 echo
 echo '```'
-grep -E "^(decision|mentions|single decisions)|time:" "$decision" | sed 's/^ *//'
+grep -E "^(decision|mentions|single decisions|later decisions)|time:" "$decision" | sed 's/^ *//'
+echo '```'
+echo
+echo "Criterion's own samples (each the mean of many decisions), per benchmark:"
+echo
+echo '```'
+python3 - <<'PY'
+import glob, json
+for path in sorted(glob.glob("target/criterion/*/new/sample.json")):
+    name = path.split("/")[2]
+    d = json.load(open(path))
+    per = sorted(t / i for t, i in zip(d["times"], d["iters"]))
+    n = len(per)
+    print(f"{name}: {n} samples, p50 {per[n // 2]:.0f} ns, p99 {per[min(n - 1, int(n * 0.99))]:.0f} ns")
+PY
 echo '```'
 echo
 echo "## Memory per idle world (in process, no NATS)"
