@@ -25,7 +25,7 @@ cat <<'NOTES'
   stream of new worlds. The benchmark counts loss against what loopguard
   should approve, so a rule rejecting more than the designed ~10% fails it.
 - **Server-bound ceiling.** On this machine nats-server itself tops out near
-  600k messages/s (set-up a). The bare relay costs the server two messages
+  600-700k messages/s (set-up a). The bare relay costs the server two messages
   per input (raw in, copy out); this workload makes loopguard cost it about
   2.8 per input with approved events off (a human message goes to the
   transcript and four inboxes, a mention to one inbox, a duplicate becomes a
@@ -35,14 +35,20 @@ cat <<'NOTES'
 - **CPU per message** counts everything the process does per ingress message
   at the common rate, including publishing ~1.8 copies with a `Nats-Msg-Id`
   header each (the relay: one copy, no header) and the wake-ups of each
-  hand-off.
-- **The sustained rate is not set by loopguard's CPU.** At the first failing
-  step loopguard used about 60% of one core, and with `runtime.threads = 2`
-  it sustained the same rate at 1.7× the CPU per message. Between the last
-  passing and the first failing step p99 jumps from milliseconds to hundreds
-  of milliseconds, and run to run the limit moved between 50k and 78k msg/s:
-  stalls, not a steady shortfall. Where they come from (the publish path's
-  backpressure, moka's maintenance, the allocator) is not yet known.
+  hand-off. At 20k msg/s the wake-ups are a large share for both; at their
+  limits the bare relay costs about 1 µs a message and loopguard about 7.
+- **What sets loopguard's sustained rate.** Its messages are decided on one
+  runtime thread (`runtime.threads = 1`), at about 7 µs each here. The step
+  log above shows the failing steps at 60-80% of that thread, not 100%: the
+  machine has short hiccups (the bare relay's own p99 jumps now and then,
+  e.g. 14 ms at 50k/s), and a relay that is already 70% busy takes several
+  times a hiccup's length to drain the backlog it leaves, which is enough
+  to put 1% of a 3-second step over 50 ms. The bare relay, at about 25% of
+  a CPU, drains at once; it fails only where the machine as a whole is full
+  (server, producer, consumer and relay together near 170% of 2 CPUs).
+  Raising loopguard's rate here means fewer microseconds per message on
+  that thread; a second runtime thread did not help on this 2-CPU machine,
+  where the other CPU is busy with the server and the benchmark.
 - **No drops**: loopguard counted no slow-consumer drop at its sustained rate.
 NOTES
 echo
@@ -65,6 +71,14 @@ for path in sorted(glob.glob("target/criterion/*/new/sample.json")):
     print(f"{name}: {n} samples, p50 {per[n // 2]:.0f} ns, p99 {per[min(n - 1, int(n * 0.99))]:.0f} ns")
 PY
 echo '```'
+echo
+cat <<'NOTES'
+- **What sets the single-decision p99**: moka. Every 64th world lookup
+  applies the cache's log of the last 64 reads (its LRU order and idle
+  expiry) on the thread that made it, and that decision takes 10-30 µs.
+  Those are most of the decisions over 8 µs counted above. The mean cost of
+  that upkeep is small (a few % of a decision); its tail is not.
+NOTES
 echo
 echo "## Memory per idle world (in process, no NATS)"
 echo
