@@ -123,7 +123,7 @@ fn decision(c: &mut Criterion) {
         );
     }
     println!(
-        "later decisions over 8 µs: {} of {} ({:.2}%), {periodic} of them 64 decisions after the previous one",
+        "later decisions over 8 µs: {} of {} ({:.2}%), at least {periodic} of them 64 decisions after the previous one",
         slow.len(),
         later.len(),
         slow.len() as f64 * 100.0 / later.len() as f64

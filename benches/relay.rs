@@ -19,7 +19,8 @@
 //!
 //! For each set-up: the highest open-loop rate sustained with < 0.1% loss and
 //! p99 < 50 ms; latency percentiles at a common moderate rate; CPU µs per
-//! message of the relay process (from /proc); its peak resident memory; and,
+//! message of the relay process (from /proc); its peak resident memory over
+//! the steps that passed (sampled every 20 ms); and,
 //! for loopguard, the slow-consumer drops it counted. Printed as a markdown
 //! section (`make bench` keeps it in docs/benchmarks.md). Numbers are only
 //! comparable within one run: server, producer and relay share the CPUs.
@@ -289,15 +290,45 @@ impl Relay {
         cpu_of(&self.child.id().to_string())
     }
 
-    fn peak_rss_mib(&self) -> Result<f64, Error> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        let kib: f64 = status
-            .lines()
-            .find(|l| l.starts_with("VmHWM:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .ok_or("VmHWM")?
-            .parse()?;
-        Ok(kib / 1024.0)
+    /// Samples the relay's resident memory every 20 ms until aborted; the
+    /// highest figure (KiB) lands in the returned cell.
+    fn sample_rss(&self) -> (Arc<AtomicU64>, tokio::task::JoinHandle<()>) {
+        let peak = Arc::new(AtomicU64::new(0));
+        let status = format!("/proc/{}/status", self.child.id());
+        let cell = peak.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let kib = std::fs::read_to_string(&status).ok().and_then(|s| {
+                    s.lines()
+                        .find(|l| l.starts_with("VmRSS:"))?
+                        .split_whitespace()
+                        .nth(1)?
+                        .parse::<u64>()
+                        .ok()
+                });
+                if let Some(kib) = kib {
+                    cell.fetch_max(kib, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        (peak, task)
+    }
+
+    /// Waits until the relay is idle (under 5% of a CPU over 200 ms), so a
+    /// backlog a failed step left does not count against the next; at most
+    /// 15 s.
+    async fn until_idle(&self) -> Result<(), Error> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let mut last = self.cpu()?;
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let now = self.cpu()?;
+            if now - last <= Duration::from_millis(10) || Instant::now() > deadline {
+                return Ok(());
+            }
+            last = now;
+        }
     }
 
     async fn dropped(&self) -> Result<f64, Error> {
@@ -462,15 +493,33 @@ async fn measure(
     // The highest sustained rate: grow by 25% until a step fails, then
     // halve the gap between the last pass and the failure twice (to ~6%).
     let mut best: Option<Outcome> = None;
-    // Peak memory and slow-consumer drops as of the last step that passed.
-    let (mut rss, mut dropped) = (None, 0.0);
+    // Peak memory and slow-consumer drops over the steps that passed.
+    let (mut rss, mut dropped) = (None::<f64>, 0.0);
+    let mut dropped_so_far = match &relay {
+        Some(r) => r.dropped().await?,
+        None => 0.0,
+    };
     let mut failed: Option<u64> = None;
     let mut rate = 40_000;
     let mut halvings = 0;
     let mut steps = Vec::new();
     loop {
         let shares = Shares::start(server, relay.as_ref())?;
+        let sampler = relay.as_ref().map(Relay::sample_rss);
         let o = send(url, setup, rate, rate * STEP.as_secs(), &mut next).await?;
+        let step_rss = sampler.map(|(peak, task)| {
+            task.abort();
+            peak.load(Ordering::Relaxed) as f64 / 1024.0
+        });
+        let step_dropped = match &relay {
+            Some(r) => {
+                let total = r.dropped().await?;
+                let step = total - dropped_so_far;
+                dropped_so_far = total;
+                step
+            }
+            None => 0.0,
+        };
         let passed = o.passes() && o.rate >= o.offered * 95 / 100;
         let step = format!(
             "{:<5} offered {:>7}/s sent {:>7}/s loss {:>6.3}% p99 {:>8.2?} {:<4} {}",
@@ -485,15 +534,19 @@ async fn measure(
         eprintln!("  {step}");
         steps.push(step);
         if passed {
-            if let Some(r) = &relay {
-                rss = Some(r.peak_rss_mib()?);
-                dropped = r.dropped().await?;
-            }
+            rss = match (rss, step_rss) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            dropped += step_dropped;
             best = Some(o);
         } else {
             failed = Some(rate);
             // Let a backlog left by the failure clear before the next step.
-            tokio::time::sleep(DRAIN).await;
+            match &relay {
+                Some(r) => r.until_idle().await?,
+                None => tokio::time::sleep(DRAIN).await,
+            }
         }
         let Some(ceiling) = failed else {
             rate = rate * 5 / 4;
@@ -643,7 +696,7 @@ async fn main() -> Result<(), Error> {
             println!("| (c2)/(b) CPU per message | {:.2} | — |", x / y);
         }
     }
-    println!("\nSteps of the rate search (CPU in % of one CPU, over the step):\n");
+    println!("\nSteps of the rate search (CPU in % of one CPU, over the step and its drain):\n");
     println!("```");
     for r in &rows {
         for step in &r.steps {

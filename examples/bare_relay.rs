@@ -6,6 +6,11 @@
 
 use futures::StreamExt;
 
+/// The allocator loopguard uses (set in its library), so the baseline
+/// differs from loopguard by the work, not by the allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> Result<(), async_nats::Error> {
     let url = std::env::args()

@@ -758,6 +758,86 @@ mod tests {
     use std::sync::Mutex;
     use std::time::{Duration, SystemTime};
 
+    /// The egress body as serde's derive wrote it before `json::Object`.
+    #[derive(Serialize)]
+    struct DerivedEgress<'a> {
+        #[serde(flatten)]
+        fields: &'a Map<String, Value>,
+        id: &'a str,
+        world: &'a Name,
+        sender: &'a str,
+        sender_kind: SenderKind,
+        content: &'a str,
+        thread_id: &'a str,
+        parent_id: Option<&'a str>,
+        depth: u32,
+        mentions: &'a [Name],
+        visibility: &'static str,
+        received_at: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reason: Option<&'static str>,
+    }
+
+    #[test]
+    fn egress_json_is_byte_for_byte_what_the_serde_derive_wrote() {
+        let fields: Map<String, Value> = serde_json::from_str(
+            r#"{"lang":"en","a \"quoted\"\nkey":[1.50,-0,1e400,{"z":null,"y":true}],"z":"tab\there"}"#,
+        )
+        .unwrap();
+        let world = Name::parse("w1").unwrap();
+        let mentions = [Name::parse("bob").unwrap(), Name::parse("carol").unwrap()];
+        let none = Map::new();
+        for (fields, parent_id, reason, content) in [
+            (&fields, Some("p\"1"), None, "plain words"),
+            (
+                &none,
+                None,
+                Some("turn_limit"),
+                "\u{1}ctl \"quoted\" back\\slash\nnew é 🎉",
+            ),
+            (&fields, None, None, ""),
+        ] {
+            let (id, sender, thread_id, received_at) =
+                ("m\"1", "alice", "t\\1", "2026-11-21T00:00:00Z");
+            let ours = Egress {
+                fields,
+                id,
+                world: &world,
+                sender,
+                sender_kind: SenderKind::Agent,
+                content,
+                thread_id,
+                parent_id,
+                depth: 7,
+                mentions: &mentions,
+                visibility: "private",
+                received_at,
+                reason,
+            }
+            .to_json();
+            let derived = serde_json::to_vec(&DerivedEgress {
+                fields,
+                id,
+                world: &world,
+                sender,
+                sender_kind: SenderKind::Agent,
+                content,
+                thread_id,
+                parent_id,
+                depth: 7,
+                mentions: &mentions,
+                visibility: "private",
+                received_at,
+                reason,
+            })
+            .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&ours),
+                String::from_utf8_lossy(&derived)
+            );
+        }
+    }
+
     /// A clock the test moves by hand.
     struct ManualClock(Mutex<Instant>);
 

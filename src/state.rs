@@ -310,6 +310,13 @@ impl WorldState {
                 }
             }
         }
+        if settings.rules.alternation.max_cycles == 0 {
+            // Off keeps no speaker history: turned on again, the rule counts
+            // from then, never across turns it did not see.
+            if let Some(extras) = &mut self.extras {
+                extras.speakers.clear();
+            }
+        }
         self.settings = settings.clone();
     }
 
@@ -461,7 +468,13 @@ impl WorldState {
                 }
             }
             if let Some((previous, its_thread)) = previous {
-                if its_thread != *thread {
+                // Still remembered, and in that thread: the new message may
+                // have pushed it out, or re-filed its id under another thread.
+                let still_there = self
+                    .messages
+                    .get(&previous)
+                    .is_some_and(|m| m.thread_id == its_thread);
+                if its_thread != *thread && still_there {
                     self.thread_latest
                         .get_or_insert_with(Default::default)
                         .insert(its_thread, previous);
@@ -1092,6 +1105,44 @@ mod tests {
     }
 
     #[test]
+    fn alternation_history_is_kept_only_while_the_rule_is_on() {
+        let with_cycles = |cycles| {
+            let mut rules = RulesConfig::default();
+            rules.alternation.max_cycles = cycles;
+            Arc::new(WorldSettings {
+                agents: Vec::new(),
+                rules,
+            })
+        };
+        let t0 = Instant::now();
+        let mut w = WorldState::new(with_cycles(2), Duration::from_secs(60), t0);
+        let speak = |w: &mut WorldState, who: &str, id: &str| {
+            let agent = name(who);
+            let l = w.lineage(id, None, None, true);
+            w.record_approved(Approved {
+                id,
+                lineage: &l,
+                content_hash: 0,
+                now: t0,
+                agent: Some((&agent, 10)),
+            });
+        };
+        speak(&mut w, "a", "1");
+        speak(&mut w, "b", "2");
+        assert_eq!(w.speakers().len(), 2);
+        w.apply_settings(&with_cycles(0), t0);
+        assert!(w.speakers().is_empty(), "off keeps no history");
+        speak(&mut w, "a", "3");
+        assert!(w.speakers().is_empty(), "nothing recorded while off");
+        w.apply_settings(&with_cycles(2), t0);
+        speak(&mut w, "b", "4");
+        assert_eq!(
+            w.speakers().iter().map(Name::as_str).collect::<Vec<_>>(),
+            ["b"]
+        );
+    }
+
+    #[test]
     fn each_thread_resolves_to_its_latest_and_one_thread_keeps_no_index() {
         let (mut w, t0) = world(&[]);
         let parent = |w: &WorldState, thread: &str| {
@@ -1136,9 +1187,12 @@ mod tests {
             "{:?}",
             w.thread_latest.as_ref().map(|i| i.len())
         );
-        // a stale thread no longer resolves to a message filed elsewhere
+        // a stale thread no longer resolves to a message filed elsewhere:
+        // a reply in it falls back to the world's latest message
         let l = w.lineage("n", Some("t0"), None, true);
         assert_eq!(&*l.thread_id, "t0");
+        assert_eq!(l.parent_id.as_deref(), Some("same-id"));
+        assert!(w.thread_latest.as_ref().is_none_or(|i| i.is_empty()));
     }
 
     #[test]
