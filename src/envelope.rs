@@ -4,6 +4,10 @@
 //! as a structured message; any other payload — plain text, malformed JSON,
 //! JSON that is not an object — is the content itself, byte for byte.
 
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::{Map, Value};
 
 /// One parsed ingress message.
@@ -50,11 +54,18 @@ pub fn parse(
 
     // Only text that opens like an object is worth handing to the JSON parser.
     let object = if text.trim_start().starts_with('{') {
-        serde_json::from_str::<Map<String, Value>>(text).ok()
+        serde_json::from_str::<Object>(text).ok()
     } else {
         None
     };
-    let Some(mut fields) = object else {
+    let Some(Object {
+        content,
+        id,
+        thread_id,
+        parent_id,
+        fields,
+    }) = object
+    else {
         return Ok(Envelope {
             content: text.to_owned(),
             id: header_id,
@@ -64,8 +75,8 @@ pub fn parse(
         });
     };
 
-    let content = match take_string(&mut fields, "content") {
-        Ok(Some(c)) => c,
+    let content = match content {
+        Some(Value::String(c)) => c,
         // `content` absent, null or not a string: fall back to `text`, kept
         // in the fields as written.
         _ => match fields.get("text") {
@@ -73,9 +84,9 @@ pub fn parse(
             _ => return Err(EnvelopeError::NoContent),
         },
     };
-    let id = take_string(&mut fields, "id")?.or(header_id);
-    let thread_id = take_string(&mut fields, "thread_id")?;
-    let parent_id = take_string(&mut fields, "parent_id")?;
+    let id = string(id, "id")?.or(header_id);
+    let thread_id = string(thread_id, "thread_id")?;
+    let parent_id = string(parent_id, "parent_id")?;
     Ok(Envelope {
         content,
         id,
@@ -85,15 +96,81 @@ pub fn parse(
     })
 }
 
-/// Removes `key` from `fields`: a string, absent/null, or an error.
-fn take_string(
-    fields: &mut Map<String, Value>,
-    key: &'static str,
-) -> Result<Option<String>, EnvelopeError> {
-    match fields.remove(key) {
+/// One of loopguard's own ingress fields: a string, absent/null, or an error.
+fn string(value: Option<Value>, key: &'static str) -> Result<Option<String>, EnvelopeError> {
+    match value {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
         Some(_) => Err(EnvelopeError::NotAString(key)),
+    }
+}
+
+/// An ingress JSON object read in one pass: the fields loopguard sets taken
+/// apart as they come (a repeated key: the last one counts, as in a map),
+/// every other field kept in `fields`. Keys are borrowed from the payload
+/// unless escaped, so the common message allocates no key and no map.
+#[derive(Default)]
+struct Object {
+    content: Option<Value>,
+    id: Option<Value>,
+    thread_id: Option<Value>,
+    parent_id: Option<Value>,
+    fields: Map<String, Value>,
+}
+
+impl<'de> Deserialize<'de> for Object {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Object, D::Error> {
+        struct Fields;
+        impl<'de> Visitor<'de> for Fields {
+            type Value = Object;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Object, A::Error> {
+                let mut o = Object::default();
+                while let Some(Key(key)) = map.next_key()? {
+                    let value: Value = map.next_value()?;
+                    let slot = match &*key {
+                        "content" => &mut o.content,
+                        "id" => &mut o.id,
+                        "thread_id" => &mut o.thread_id,
+                        "parent_id" => &mut o.parent_id,
+                        _ => {
+                            o.fields.insert(key.into_owned(), value);
+                            continue;
+                        }
+                    };
+                    *slot = Some(value);
+                }
+                Ok(o)
+            }
+        }
+        deserializer.deserialize_map(Fields)
+    }
+}
+
+/// An object key, borrowed from the payload when it has no escapes.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Key<'de>, D::Error> {
+        struct Text;
+        impl<'de> Visitor<'de> for Text {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(s)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(s.to_owned())))
+            }
+            fn visit_string<E>(self, s: String) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(s)))
+            }
+        }
+        deserializer.deserialize_str(Text)
     }
 }
 
@@ -170,6 +247,73 @@ mod tests {
                 parse(raw.as_bytes(), None, 1024),
                 Err(EnvelopeError::NotAString(key))
             );
+        }
+    }
+
+    /// The envelope as parsed before `Object`: through a whole map.
+    fn parse_via_map(payload: &str) -> Result<Envelope, EnvelopeError> {
+        fn take(
+            fields: &mut Map<String, Value>,
+            key: &'static str,
+        ) -> Result<Option<String>, EnvelopeError> {
+            string(fields.remove(key), key)
+        }
+        let Ok(mut fields) = serde_json::from_str::<Map<String, Value>>(payload) else {
+            return parse(payload.as_bytes(), None, usize::MAX);
+        };
+        let content = match take(&mut fields, "content") {
+            Ok(Some(c)) => c,
+            _ => match fields.get("text") {
+                Some(Value::String(t)) => t.clone(),
+                _ => return Err(EnvelopeError::NoContent),
+            },
+        };
+        Ok(Envelope {
+            content,
+            id: take(&mut fields, "id")?,
+            thread_id: take(&mut fields, "thread_id")?,
+            parent_id: take(&mut fields, "parent_id")?,
+            fields,
+        })
+    }
+
+    #[test]
+    fn repeated_and_escaped_keys_read_as_a_map_would() {
+        for raw in [
+            r#"{"content":"a","content":"b"}"#,
+            r#"{"con\u0074ent":"escaped key","id":"i"}"#,
+            r#"{"content":5,"text":"t","x":1,"x":2}"#,
+            r#"{"content":"c","id":null,"id":"second"}"#,
+            r#"{"content":"c","parent_id":"p","parent_id":7}"#,
+            r#"{"content":"c","a\"b":{"n":1.50}}"#,
+        ] {
+            assert_eq!(
+                parse(raw.as_bytes(), None, 1024),
+                parse_via_map(raw),
+                "{raw}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn objects_read_as_a_map_would(
+            members in proptest::collection::vec(
+                (
+                    proptest::sample::select(vec![
+                        "content", "text", "id", "thread_id", "parent_id", "lang",
+                        "con\\u0074ent", "i\\u0064",
+                    ]),
+                    proptest::sample::select(vec![
+                        "\"s\"", "\"\"", "null", "1.50", "[true]", "{\"k\":\"v\"}", "\"\\n\"",
+                    ]),
+                ),
+                0..6,
+            )
+        ) {
+            let body: Vec<String> = members.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+            let raw = format!("{{{}}}", body.join(","));
+            proptest::prop_assert_eq!(parse(raw.as_bytes(), None, 4096), parse_via_map(&raw), "{}", raw);
         }
     }
 
