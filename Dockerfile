@@ -27,6 +27,10 @@ RUN touch src/main.rs src/lib.rs \
 FROM gcr.io/distroless/cc-debian12:nonroot AS loopguard
 COPY --from=build /usr/local/bin/loopguard /usr/local/bin/loopguard
 COPY config/loopguard.toml /etc/loopguard/loopguard.toml
+# No transparent huge pages for this process, even where the host's setting
+# is "always": faulting in 2 MiB pages stalled messages for milliseconds
+# (docs/operations.md, Sizing).
+ENV MIMALLOC_ALLOW_THP=0
 USER 65532:65532
 EXPOSE 9464
 ENTRYPOINT ["/usr/local/bin/loopguard"]
