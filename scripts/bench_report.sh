@@ -9,8 +9,10 @@ Kept by \`make bench\` (last run below). Compare ratios inside one run, never
 absolute numbers across runs or machines: the server, the producer, the
 consumer and the relay share the same CPUs. Run to run, absolute rates here
 moved by about ±20%; ratios by less. The rate search grows by 25% a step
-until one fails, then halves the gap to the last pass twice, so "max
-sustained" is within about 6% of the true limit of that run.
+until a rate fails twice in a row (a failed step is run once more, so one
+stall of the shared machine does not decide), then halves the gap to the
+last pass twice, so "max sustained" is within about 6% of the limit of that
+run.
 
 HEAD
 sed 's/| -0 |/| 0 |/' "$relay"
