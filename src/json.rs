@@ -5,10 +5,10 @@
 //! egress copy flattens the ingress fields into itself), escaping every key
 //! and value byte by byte: together a quarter of the instructions of a
 //! decision. Here loopguard's own keys are written as they are (each is a
-//! literal the code chose), and a string is copied whole when no byte of it needs escaping,
-//! which a chat message almost never has; one that does is written by
-//! serde_json itself. The output is what serde_json writes, byte for byte
-//! (see the tests).
+//! literal the code chose), and a string is copied whole when no byte of it
+//! needs escaping, which a chat message almost never has; one that does is
+//! written by serde_json itself. The output is what serde_json writes, byte
+//! for byte (see the tests).
 
 use bytes::Bytes;
 use serde_json::Value;
@@ -127,7 +127,9 @@ fn string(buf: &mut Vec<u8>, s: &str) {
 fn needs_escape(bytes: &[u8]) -> bool {
     const ONES: u64 = u64::from_ne_bytes([1; 8]);
     const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
-    // Sets a byte's high bit where that byte of `x` is below `n` (n <= 128).
+    // Nonzero exactly when some byte of `x` is below `n` (n <= 128): the
+    // classic word-at-a-time test (a set bit above the lowest such byte may
+    // be a borrow, which only matters to code that asks which byte).
     let below = |x: u64, n: u8| x.wrapping_sub(ONES * u64::from(n)) & !x & HIGH;
     let mut words = bytes.chunks_exact(8);
     for word in &mut words {
