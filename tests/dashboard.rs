@@ -4,7 +4,8 @@
 
 use std::collections::BTreeSet;
 
-/// Metric names loopguard exports, plus Prometheus' own `up`.
+/// Metric names loopguard exports (its own and the process collector's),
+/// plus Prometheus' own `up`.
 const KNOWN: &[&str] = &[
     "loopguard_messages_total",
     "loopguard_suppressed_total",
@@ -19,13 +20,14 @@ const KNOWN: &[&str] = &[
     "loopguard_dropped_total",
     "loopguard_config_reloads_total",
     "loopguard_worlds_by_state",
+    "process_cpu_seconds_total",
     "up",
 ];
 
-/// Every `loopguard_*` or `up` identifier in a PromQL expression.
+/// Every `loopguard_*`, `process_*` or `up` identifier in a PromQL expression.
 fn metric_names(expr: &str) -> BTreeSet<String> {
     expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .filter(|w| w.starts_with("loopguard_") || *w == "up")
+        .filter(|w| w.starts_with("loopguard_") || w.starts_with("process_") || *w == "up")
         .map(str::to_string)
         .collect()
 }

@@ -79,6 +79,13 @@ async fn a_scenario_moves_every_counter_by_exactly_what_happened() {
         after.get("process_resident_memory_bytes", &[]) > 0.0,
         "process collector"
     );
+    // The capacity alert and the dashboard's CPU panel read this one (whole
+    // seconds, so a short test may still read 0).
+    assert_eq!(
+        after.all("process_cpu_seconds_total").len(),
+        1,
+        "process collector"
+    );
 }
 
 #[tokio::test]
