@@ -497,6 +497,17 @@ impl WorldState {
             self.latest = Some(id);
         }
 
+        // Contents older than the duplicate window can never match again:
+        // dropping them as new ones come keeps a busy world's window to what
+        // its traffic put there lately, not its last MAX_DUPLICATE_WINDOW.
+        let window = Duration::from_secs(self.settings.rules.duplicate.window_seconds);
+        while self
+            .contents
+            .front()
+            .is_some_and(|(at, _)| approved.now.saturating_duration_since(*at) >= window)
+        {
+            self.contents.pop_front();
+        }
         push_window(
             &mut self.contents,
             (approved.now, approved.content_hash),
@@ -1140,6 +1151,28 @@ mod tests {
             w.speakers().iter().map(Name::as_str).collect::<Vec<_>>(),
             ["b"]
         );
+    }
+
+    #[test]
+    fn the_duplicate_window_holds_only_contents_young_enough_to_match() {
+        let (mut w, t0) = world(&[]); // default duplicate window: 300 s
+        let window = Duration::from_secs(300);
+        let l = w.lineage("m", None, None, false);
+        for i in 0..600u64 {
+            let now = t0 + Duration::from_secs(i);
+            w.record_approved(Approved {
+                id: &format!("m{i}"),
+                lineage: &l,
+                content_hash: i,
+                now,
+                agent: None,
+            });
+        }
+        let now = t0 + Duration::from_secs(599);
+        assert_eq!(w.contents.len(), 300, "only the last 300 s");
+        assert!(w.seen_content(599, now, window));
+        assert!(w.seen_content(300, now, window));
+        assert!(!w.seen_content(299, now, window));
     }
 
     #[test]
