@@ -127,6 +127,8 @@ struct Effects {
     human: bool,
     sender: Name,
     concludes: bool,
+    /// How far back the conversation state looks (two of its windows).
+    activity_keep: std::time::Duration,
     /// Agents the message mentioned (routed to by mention, not broadcast).
     mentioned: Vec<Name>,
     /// The entry for the context route, and how many to keep.
@@ -147,6 +149,7 @@ fn commit(w: &mut WorldState, e: Effects) {
         now: e.now,
         agent: e.agent.as_ref().map(|(a, keep)| (a, *keep)),
     });
+    w.forget_activity_older_than(e.now, e.activity_keep);
     w.observe_conversation(e.human, &e.sender, e.concludes, &e.mentioned, e.now);
     if let Some((entry, keep)) = e.context {
         w.remember_context(entry, keep);
@@ -581,6 +584,9 @@ impl Judge {
             human: kind == SenderKind::Human,
             sender: sender.clone(),
             concludes,
+            activity_keep: std::time::Duration::from_secs(
+                2 * settings.config.conversation.window_seconds,
+            ),
             // The route is done with: its lists move rather than copy.
             mentioned: route.mentions,
             context: (keep > 0).then(|| {

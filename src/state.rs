@@ -684,6 +684,18 @@ impl Conversation {
 }
 
 impl WorldState {
+    /// Forgets conversation activity at least `keep` old: the conversation
+    /// state reads two windows back, no further.
+    pub fn forget_activity_older_than(&mut self, now: Instant, keep: Duration) {
+        while self
+            .activity
+            .front()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= keep)
+        {
+            self.activity.pop_front();
+        }
+    }
+
     /// Records an approved message for the conversation state: its time and
     /// speaker; a conclusion concludes, a human reopens, and after a
     /// conclusion the agents a message mentions (`mentioned`: routed to by
@@ -1173,6 +1185,31 @@ mod tests {
         assert!(w.seen_content(599, now, window));
         assert!(w.seen_content(300, now, window));
         assert!(!w.seen_content(299, now, window));
+    }
+
+    #[test]
+    fn forgotten_activity_does_not_change_the_conversation_state() {
+        let (mut kept, t0) = world(&[]);
+        let (mut trimmed, _) = world(&[]);
+        let window = Duration::from_secs(60);
+        let (a, b) = (name("a"), name("b"));
+        for i in 0..600u64 {
+            let now = t0 + Duration::from_secs(i) / 2 + Duration::from_secs(i / 100 * 50);
+            let who = if i % 3 == 0 { &a } else { &b };
+            kept.observe_conversation(false, who, false, &[], now);
+            trimmed.forget_activity_older_than(now, window * 2);
+            trimmed.observe_conversation(false, who, false, &[], now);
+            for later in [0, 30, 61, 119, 121] {
+                let at = now + Duration::from_secs(later);
+                assert_eq!(
+                    kept.conversation(at, window, 10),
+                    trimmed.conversation(at, window, 10),
+                    "message {i}, {later} s later"
+                );
+            }
+        }
+        assert!(trimmed.activity.len() < kept.activity.len());
+        assert!(trimmed.activity.len() <= 240, "{}", trimmed.activity.len());
     }
 
     #[test]
