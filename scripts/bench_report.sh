@@ -40,8 +40,8 @@ cat <<'NOTES'
   hand-off. At 20k msg/s the wake-ups are a large share for both; at their
   limits the bare relay costs about 1 µs a message and loopguard about 7.
   This ratio moves a lot from run to run, mostly with the bare relay's
-  figure (3.8 to 6.2 µs): over five runs of both on 2026-11-21 (c1)/(b) was
-  1.38, 1.81, 1.86, 2.10 and 2.35.
+  figure (3.8 to 6.3 µs): over six runs of both on 2026-11-21 (c1)/(b) was
+  1.38, 1.63, 1.81, 1.86, 2.10 and 2.35.
 - **What sets loopguard's sustained rate.** Its messages are decided on one
   runtime thread (`runtime.threads = 1`), at about 7 µs each here. The step
   log above shows the failing steps at 60-80% of that thread, not 100%: the
