@@ -805,38 +805,28 @@ mod tests {
         ] {
             let (id, sender, thread_id, received_at) =
                 ("m\"1", "alice", "t\\1", "2026-11-21T00:00:00Z");
-            let ours = Egress {
-                fields,
-                id,
-                world: &world,
-                sender,
-                sender_kind: SenderKind::Agent,
-                content,
-                thread_id,
-                parent_id,
-                depth: 7,
-                mentions: &mentions,
-                visibility: "private",
-                received_at,
-                reason,
+            // The same values in both shapes.
+            macro_rules! body {
+                ($shape:ident) => {
+                    $shape {
+                        fields,
+                        id,
+                        world: &world,
+                        sender,
+                        sender_kind: SenderKind::Agent,
+                        content,
+                        thread_id,
+                        parent_id,
+                        depth: 7,
+                        mentions: &mentions,
+                        visibility: "private",
+                        received_at,
+                        reason,
+                    }
+                };
             }
-            .to_json();
-            let derived = serde_json::to_vec(&DerivedEgress {
-                fields,
-                id,
-                world: &world,
-                sender,
-                sender_kind: SenderKind::Agent,
-                content,
-                thread_id,
-                parent_id,
-                depth: 7,
-                mentions: &mentions,
-                visibility: "private",
-                received_at,
-                reason,
-            })
-            .unwrap();
+            let ours = body!(Egress).to_json();
+            let derived = serde_json::to_vec(&body!(DerivedEgress)).unwrap();
             assert_eq!(
                 String::from_utf8_lossy(&ours),
                 String::from_utf8_lossy(&derived)

@@ -468,13 +468,16 @@ impl WorldState {
                 }
             }
             if let Some((previous, its_thread)) = previous {
-                // Still remembered, and in that thread: the new message may
-                // have pushed it out, or re-filed its id under another thread.
-                let still_there = self
-                    .messages
-                    .get(&previous)
-                    .is_some_and(|m| m.thread_id == its_thread);
-                if its_thread != *thread && still_there {
+                // Another thread, and the message still remembered in it (the
+                // new one may have pushed it out, or re-filed its id under
+                // another thread). Most messages stay in the thread, so the
+                // second lookup is rare.
+                let still_there = || {
+                    self.messages
+                        .get(&previous)
+                        .is_some_and(|m| m.thread_id == its_thread)
+                };
+                if its_thread != *thread && still_there() {
                     self.thread_latest
                         .get_or_insert_with(Default::default)
                         .insert(its_thread, previous);
