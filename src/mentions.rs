@@ -61,7 +61,7 @@ fn leading_run<'a>(p: &'a str, out: &mut Vec<&'a str>) -> usize {
 fn inline_mentions<'a>(p: &'a str, from: usize, out: &mut Vec<&'a str>) {
     let b = p.as_bytes();
     let mut i = from;
-    while let Some(off) = b[i..].iter().position(|&c| c == b'@') {
+    while let Some(off) = memchr::memchr(b'@', &b[i..]) {
         let at = i + off;
         let inside_word =
             at > 0 && (is_name_byte(b[at - 1]) || b[at - 1] == b'@' || b[at - 1] >= 0x80);

@@ -18,45 +18,69 @@ pub fn normalize(content: &str) -> String {
 }
 
 /// Appends the normalised form of `content` to `out` (the hot path reuses
-/// one buffer). ASCII content, the common case, skips char decoding; both
-/// paths produce the same text.
+/// one buffer). ASCII paragraphs, the common case, are copied a word at a
+/// time and lowercased in place; both paths produce the same text.
 pub fn normalize_into(content: &str, out: &mut String) {
     let start = out.len();
+    // Built as bytes and checked as UTF-8 once at the end: only whole
+    // characters of valid UTF-8 are appended.
+    let mut bytes = std::mem::take(out).into_bytes();
+    let word_break = |bytes: &mut Vec<u8>| {
+        if bytes.len() > start {
+            bytes.push(b' ');
+        }
+    };
     for paragraph in content.split('\n') {
         let rest = strip_leading_mentions(paragraph);
         if rest.is_ascii() {
-            // One pass over the bytes. `char::is_whitespace` on ASCII is
-            // space and \t, \n, \x0B, \x0C, \r.
-            let mut space = out.len() > start;
-            let mut bytes = std::mem::take(out).into_bytes();
-            for &b in rest.as_bytes() {
-                if b == b' ' || (b'\t'..=b'\r').contains(&b) {
-                    space = bytes.len() > start;
-                } else {
-                    if space {
-                        bytes.push(b' ');
-                        space = false;
-                    }
-                    bytes.push(b.to_ascii_lowercase());
-                }
+            let rest = rest.as_bytes();
+            if is_tidy(rest) {
+                // Already one space between words: copied whole.
+                word_break(&mut bytes);
+                let at = bytes.len();
+                bytes.extend_from_slice(rest);
+                bytes[at..].make_ascii_lowercase();
+                continue;
             }
-            // Only ASCII was appended to valid UTF-8, so this cannot fail.
-            *out = String::from_utf8(bytes).unwrap_or_default();
+            let words = rest.split(|&b| b == b' ' || is_control_space(b));
+            for word in words.filter(|w| !w.is_empty()) {
+                word_break(&mut bytes);
+                let at = bytes.len();
+                bytes.extend_from_slice(word);
+                bytes[at..].make_ascii_lowercase();
+            }
             continue;
         }
         for word in rest.split_whitespace() {
-            if out.len() > start {
-                out.push(' ');
-            }
-            for c in word.chars() {
-                if c.is_ascii() {
-                    out.push(c.to_ascii_lowercase());
-                } else {
-                    out.extend(c.to_lowercase());
-                }
+            word_break(&mut bytes);
+            let mut buf = [0; 4];
+            for c in word.chars().flat_map(char::to_lowercase) {
+                bytes.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
             }
         }
     }
+    // Only whole characters were appended to valid UTF-8: this cannot fail.
+    *out = String::from_utf8(bytes).unwrap_or_default();
+}
+
+/// `char::is_whitespace` on ASCII is space and these: \t, \n, \x0B, \x0C, \r.
+fn is_control_space(b: u8) -> bool {
+    (b'\t'..=b'\r').contains(&b)
+}
+
+/// True when ASCII `text` (no leading whitespace) is non-empty and its
+/// words are separated by single spaces, with none at the end: what
+/// normalising would keep as it is, but for the case. Written as one pass
+/// without early exits and a search for two spaces, so both run over many
+/// bytes at a time.
+fn is_tidy(text: &[u8]) -> bool {
+    let controls = text
+        .iter()
+        .fold(false, |found, &b| found | is_control_space(b));
+    !controls
+        && !text.is_empty()
+        && !text.ends_with(b" ")
+        && memchr::memmem::find(text, b"  ").is_none()
 }
 
 /// The substance of `content`: its normalised form with everything but
@@ -102,7 +126,44 @@ fn strip_leading_mentions(p: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
-    use super::{normalize, substance};
+    use super::{normalize, strip_leading_mentions, substance};
+    use proptest::strategy::Strategy;
+
+    /// Normalisation as the contract words it, a character at a time: what
+    /// the fast paths are checked against.
+    fn reference(content: &str) -> String {
+        let words: Vec<String> = content
+            .split('\n')
+            .flat_map(|p| strip_leading_mentions(p).split_whitespace())
+            .map(|w| w.chars().flat_map(char::to_lowercase).collect())
+            .collect();
+        words.join(" ")
+    }
+
+    /// Contents made of words, mentions and every kind of gap: all ASCII
+    /// (the fast paths) or with non-ASCII pieces too.
+    fn contents(ascii: bool) -> impl proptest::strategy::Strategy<Value = String> {
+        let mut pieces = vec![
+            "Hello", "wOrld", "x.Y", " ", " ", " ", "  ", "\t", "\x0b", "\x0c", "\r\n", "\n",
+            "@bob", "@a,", ",", ": ",
+        ];
+        if !ascii {
+            pieces.extend(["É", "ΣΑΣ", "İ", "ß", "🙂", "\u{a0}", "\u{2003}"]);
+        }
+        proptest::collection::vec(proptest::sample::select(pieces), 0..16).prop_map(|p| p.concat())
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn ascii_agrees_with_the_character_at_a_time_reference(content in contents(true)) {
+            proptest::prop_assert_eq!(normalize(&content), reference(&content));
+        }
+
+        #[test]
+        fn unicode_agrees_with_the_character_at_a_time_reference(content in contents(false)) {
+            proptest::prop_assert_eq!(normalize(&content), reference(&content));
+        }
+    }
 
     #[test]
     fn substance_keeps_only_letters_and_digits_between_single_spaces() {
