@@ -1,7 +1,8 @@
 //! Time, injected. Rules and state take instants as arguments; only the
 //! pipeline asks a [`Clock`], so tests drive time by hand and never sleep.
 
-use std::time::{Instant, SystemTime};
+use std::cell::RefCell;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Where the pipeline reads time from.
 pub trait Clock: Send + Sync + 'static {
@@ -25,7 +26,66 @@ impl Clock for SystemClock {
     }
 }
 
-/// RFC 3339 with millisecond precision, UTC.
+/// RFC 3339 with millisecond precision, UTC. Every message is stamped, so
+/// the date and time of day are formatted once per second (per thread) and
+/// only the milliseconds each time. A clock outside the years 1970 to 9999
+/// (which RFC 3339 or `humantime` cannot write) reads as the nearest end.
 pub fn rfc3339(t: SystemTime) -> String {
-    humantime::format_rfc3339_millis(t).to_string()
+    thread_local! {
+        /// A second since the epoch, and its text up to the seconds.
+        static SECOND: RefCell<(u64, String)> = const { RefCell::new((0, String::new())) };
+    }
+    const LAST: Duration = Duration::new(253_402_300_799, 999_999_999); // 9999-12-31T23:59:59.999…
+    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default().min(LAST);
+    SECOND.with(|cached| {
+        let (second, text) = &mut *cached.borrow_mut();
+        if *second != since.as_secs() || text.is_empty() {
+            let whole = UNIX_EPOCH + Duration::from_secs(since.as_secs());
+            *text = humantime::format_rfc3339_seconds(whole).to_string();
+            text.pop(); // the `Z`
+            *second = since.as_secs();
+        }
+        let millis = since.subsec_millis();
+        let mut out = String::with_capacity(text.len() + 5);
+        out.push_str(text);
+        out.push('.');
+        for digit in [millis / 100, millis / 10 % 10, millis % 10] {
+            out.push(char::from(b'0' + digit as u8));
+        }
+        out.push('Z');
+        out
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    proptest::proptest! {
+        #[test]
+        fn the_cached_second_formats_like_humantime(
+            start in 0u64..8_000_000_000_000,
+            steps in proptest::collection::vec(0u64..3_000, 1..20),
+        ) {
+            // Times moving forward by under 3 s, so most share the cached
+            // second and some cross into the next.
+            let mut at = start;
+            for step in steps {
+                at += step;
+                let t = UNIX_EPOCH + Duration::from_millis(at) + Duration::from_micros(999);
+                proptest::prop_assert_eq!(
+                    rfc3339(t),
+                    humantime::format_rfc3339_millis(t).to_string()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_clock_outside_the_years_1970_to_9999_reads_as_the_nearest_end() {
+        let before = UNIX_EPOCH - Duration::from_millis(1500);
+        assert_eq!(rfc3339(before), "1970-01-01T00:00:00.000Z");
+        let after = UNIX_EPOCH + Duration::from_secs(300_000_000_000);
+        assert_eq!(rfc3339(after), "9999-12-31T23:59:59.999Z");
+    }
 }
