@@ -6,8 +6,11 @@
 //!   server's own ceiling on this machine;
 //! - (b) bare relay: `examples/bare_relay.rs`, subscribe `chat.raw.>` and
 //!   republish each payload unchanged — the floor any relay pays;
-//! - (c1) loopguard, every rule on, `events.approved = false`;
-//! - (c2) loopguard, every rule on, every event published.
+//! - (c1) loopguard, `events.approved = false`, every rule of the contract
+//!   on (pass, turns, depth, duplicate, cooldown, rate); the rules loopguard
+//!   adds (alternation, similar, low_content, budget, concluded) are off, as
+//!   by default: the decision benchmark measures what they cost;
+//! - (c2) the same, every event published.
 //!
 //! Workload: 100,000 worlds, four agents each, a human message after every
 //! four agent messages (a broadcast to the four inboxes), agent messages that
@@ -664,7 +667,7 @@ async fn main() -> Result<(), Error> {
     let date = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
     println!("## Relay benchmark — {date}\n");
     println!("Machine: {machine}; nats-server, producer, consumer and relay share it.");
-    println!("Workload: {WORLDS} worlds × {AGENTS} agents, a human message after every 4 agent messages, @mentions, ~200-byte unique contents, 10% duplicates (loopguard approves ~90%). Steps of {}s; sustained = loss < 0.1% and p99 < 50 ms; latency at {COMMON_RATE} msg/s.\n", STEP.as_secs());
+    println!("Workload: {WORLDS} worlds × {AGENTS} agents, a human message after every 4 agent messages, @mentions, ~200-byte unique contents, 10% duplicates (loopguard approves ~90%). loopguard runs the contract's six rules (its own optional rules off, as by default). Steps of {}s; sustained = loss < 0.1% and p99 < 50 ms; latency at {COMMON_RATE} msg/s.\n", STEP.as_secs());
     println!("| set-up | max sustained msg/s | p50 ms | p99 ms | p99.9 ms | relay CPU µs/msg | relay peak RSS MiB | loopguard drops |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {

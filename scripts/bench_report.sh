@@ -60,7 +60,7 @@ echo
 echo "## Criterion micro-benchmarks"
 echo
 echo '```'
-grep -E "^(decision|mentions|single decisions|later decisions)|time:" "$decision" | sed 's/^ *//'
+grep -E "^(approved|decision|mentions|single decisions|later decisions)|time:" "$decision" | sed 's/^ *//'
 echo '```'
 echo
 echo "Criterion's own samples (each the mean of many decisions), per benchmark:"
