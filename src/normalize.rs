@@ -18,8 +18,9 @@ pub fn normalize(content: &str) -> String {
 }
 
 /// Appends the normalised form of `content` to `out` (the hot path reuses
-/// one buffer). ASCII paragraphs, the common case, are copied a word at a
-/// time and lowercased in place; both paths produce the same text.
+/// one buffer). ASCII paragraphs, the common case, are copied whole when
+/// already tidy (see [`is_tidy`]), else a word at a time, and lowercased in
+/// place; every path produces the same text.
 pub fn normalize_into(content: &str, out: &mut String) {
     let start = out.len();
     // Built as bytes and checked as UTF-8 once at the end: only whole
