@@ -19,7 +19,7 @@ pub fn normalize(content: &str) -> String {
 
 /// Appends the normalised form of `content` to `out` (the hot path reuses
 /// one buffer). ASCII paragraphs, the common case, are copied whole when
-/// already tidy (see [`is_tidy`]), else a word at a time, and lowercased in
+/// already tidy (single spaces between words), else a word at a time, and lowercased in
 /// place; every path produces the same text.
 pub fn normalize_into(content: &str, out: &mut String) {
     let start = out.len();
