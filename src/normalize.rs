@@ -19,8 +19,8 @@ pub fn normalize(content: &str) -> String {
 
 /// Appends the normalised form of `content` to `out` (the hot path reuses
 /// one buffer). ASCII paragraphs, the common case, are copied whole when
-/// already tidy (single spaces between words), else a word at a time, and lowercased in
-/// place; every path produces the same text.
+/// already tidy (single spaces between words), else a word at a time, and
+/// lowercased in place; every path produces the same text.
 pub fn normalize_into(content: &str, out: &mut String) {
     let start = out.len();
     // Built as bytes and checked as UTF-8 once at the end: only whole
