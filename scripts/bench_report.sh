@@ -30,9 +30,8 @@ cat <<'NOTES'
   465-750k messages/s (set-up a), depending on the run. The bare relay
   costs the server two messages per input (raw in, copy out); this
   workload makes loopguard cost it about 2.8 per input with approved events
-  off (a human message goes to the
-  transcript and four inboxes, a mention to one inbox, a duplicate becomes a
-  rejection event) and 3.7 with every event on. Even a loopguard that cost
+  off (a human message goes to the transcript and four inboxes, a mention
+  to one inbox, a duplicate becomes a rejection event) and 3.7 with every event on. Even a loopguard that cost
   nothing would so be capped near 0.72× (c1) and 0.54× (c2) of the bare
   relay's rate here.
 - **CPU per message** counts everything the process does per ingress message
