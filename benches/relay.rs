@@ -4,6 +4,10 @@
 //! loopback:
 //! - (a) direct: producers publish straight to the egress subjects — the
 //!   server's own ceiling on this machine;
+//! - (a2) direct, loopguard's copies: producers publish every copy (c1)
+//!   would, with its headers, inbox copies and rejection events — the
+//!   server's ceiling for loopguard's output, which no relay emitting those
+//!   copies could pass here;
 //! - (b) bare relay: `examples/bare_relay.rs`, subscribe `chat.raw.>` and
 //!   republish each payload unchanged — the floor any relay pays;
 //! - (c1) loopguard, `events.approved = false`, every rule of the contract
@@ -53,6 +57,7 @@ const WARM_UP_RATE: u64 = 40_000;
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Setup {
     Direct,
+    DirectCopies,
     BareRelay,
     LoopguardQuiet,
     LoopguardEvents,
@@ -62,6 +67,7 @@ impl Setup {
     fn label(self) -> &'static str {
         match self {
             Setup::Direct => "(a) direct to egress",
+            Setup::DirectCopies => "(a2) direct, loopguard's copies",
             Setup::BareRelay => "(b) bare relay",
             Setup::LoopguardQuiet => "(c1) loopguard, approved events off",
             Setup::LoopguardEvents => "(c2) loopguard, all events",
@@ -71,6 +77,7 @@ impl Setup {
     fn key(self) -> &'static str {
         match self {
             Setup::Direct => "(a)",
+            Setup::DirectCopies => "(a2)",
             Setup::BareRelay => "(b)",
             Setup::LoopguardQuiet => "(c1)",
             Setup::LoopguardEvents => "(c2)",
@@ -78,6 +85,14 @@ impl Setup {
     }
     fn is_loopguard(self) -> bool {
         matches!(self, Setup::LoopguardQuiet | Setup::LoopguardEvents)
+    }
+    /// Producers publish egress themselves: no relay process.
+    fn is_direct(self) -> bool {
+        matches!(self, Setup::Direct | Setup::DirectCopies)
+    }
+    /// Only what loopguard would approve is expected out.
+    fn drops_duplicates(self) -> bool {
+        self.is_loopguard() || self == Setup::DirectCopies
     }
 }
 
@@ -124,6 +139,71 @@ fn message(seq: u64) -> (String, String, String, bool) {
     )
 }
 
+/// What (c1) publishes for message `seq`, for set-up (a2): (subject,
+/// `Nats-Msg-Id`, payload). A human's message goes to the transcript and
+/// the four agents' inboxes; an agent's, which starts with a mention, to
+/// that agent's inbox only (contract §3). Each copy is egress JSON about as
+/// long as loopguard's; a duplicate becomes a rejection event.
+fn copies(seq: u64) -> Vec<(String, Option<String>, String)> {
+    let (ingress, _, payload, approved) = message(seq);
+    // chat.raw.<world>.<kind>.<name>
+    let mut parts = ingress.split('.').skip(2);
+    let (world, kind, sender) = (
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+    );
+    let at = "2026-11-21T20:00:00.000Z";
+    if !approved {
+        let event = format!(
+            "{{\"id\":\"{seq}\",\"world\":\"{world}\",\"sender\":\"{sender}\",\"sender_kind\":\"{kind}\",\"decision\":\"rejected\",\"rule\":\"duplicate\",\"reason\":\"same content as an approved message within 300 s\",\"depth\":2,\"turn\":2,\"delivered_to\":[],\"observed_at\":\"{at}\"}}"
+        );
+        return vec![(format!("chat.events.{world}"), None, event)];
+    }
+    let human = kind == "human";
+    let inboxes: Vec<String> = match human {
+        true => (0..AGENTS).map(|a| format!("a{a}")).collect(),
+        false => {
+            let agent: u64 = sender[1..].parse().unwrap_or_default();
+            vec![format!("a{}", (agent + 1) % AGENTS)]
+        }
+    };
+    // A broadcast mentions no one; an agent's message its addressee.
+    let mentions = match human {
+        true => String::new(),
+        false => format!("\"{}\"", inboxes[0]),
+    };
+    let content = payload
+        .split("\"content\":\"")
+        .nth(1)
+        .and_then(|c| c.strip_suffix("\"}"))
+        .unwrap_or_default();
+    let egress = |visibility: &str| {
+        format!(
+            "{{\"id\":\"{seq}\",\"content\":\"{content}\",\"world\":\"{world}\",\"sender\":\"{sender}\",\"sender_kind\":\"{kind}\",\"thread_id\":\"{}\",\"parent_id\":\"{}\",\"depth\":2,\"mentions\":[{mentions}],\"visibility\":\"{visibility}\",\"received_at\":\"{at}\"}}",
+            seq % WORLDS,
+            seq.saturating_sub(WORLDS),
+        )
+    };
+    let id = |copy: usize| format!("{:08x}-0000-5000-8000-{:012x}", seq as u32, copy);
+    let mut out = Vec::new();
+    if human {
+        out.push((
+            format!("chat.public.{world}"),
+            Some(id(0)),
+            egress("public"),
+        ));
+    }
+    for (i, inbox) in inboxes.iter().enumerate() {
+        out.push((
+            format!("chat.private.{world}.{inbox}"),
+            Some(id(i + 1)),
+            egress("private"),
+        ));
+    }
+    out
+}
+
 /// Extracts the numeric `"id":"…"` of a payload.
 fn id_of(payload: &[u8]) -> Option<u64> {
     let at = payload.windows(6).position(|w| w == b"\"id\":\"")? + 6;
@@ -160,7 +240,7 @@ async fn send(
     let sent_at: Arc<Vec<AtomicU64>> = Arc::new((0..total).map(|_| AtomicU64::new(0)).collect());
     let seen: Arc<Vec<AtomicBool>> = Arc::new((0..total).map(|_| AtomicBool::new(false)).collect());
     let expected: u64 = (0..total)
-        .filter(|&s| !setup.is_loopguard() || message(base + s).3)
+        .filter(|&s| !setup.drops_duplicates() || message(base + s).3)
         .count() as u64;
     let start = Instant::now();
 
@@ -200,26 +280,34 @@ async fn send(
         }
     });
 
-    let producer = async_nats::connect(url).await?;
-    let mut sent = 0u64;
-    let mut tick = tokio::time::interval(Duration::from_millis(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    while sent < total {
-        tick.tick().await;
-        let due = ((start.elapsed().as_nanos() * rate as u128) / 1_000_000_000) as u64;
-        while sent < due.min(total) {
-            let (subject, direct, payload, _) = message(base + sent);
-            let subject = if setup == Setup::Direct {
-                direct
-            } else {
-                subject
-            };
-            sent_at[sent as usize].store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            producer.publish(subject, payload.into()).await?;
-            sent += 1;
-        }
+    // One producer; two for (a2), whose producers also do the publishing a
+    // relay would do in its own process (each takes every other message).
+    let producers = if setup == Setup::DirectCopies { 2 } else { 1 };
+    let mut tasks = Vec::new();
+    for first in 0..producers {
+        let producer = async_nats::connect(url).await?;
+        let sent_at = sent_at.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut sent = first;
+            let mut tick = tokio::time::interval(Duration::from_millis(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            while sent < total {
+                tick.tick().await;
+                let due = ((start.elapsed().as_nanos() * rate as u128) / 1_000_000_000) as u64;
+                while sent < due.min(total) {
+                    let at = start.elapsed().as_nanos() as u64;
+                    sent_at[sent as usize].store(at, Ordering::Relaxed);
+                    publish(&producer, setup, base + sent).await?;
+                    sent += producers;
+                }
+            }
+            producer.flush().await?;
+            Ok::<_, Error>(())
+        }));
     }
-    producer.flush().await?;
+    for task in tasks {
+        task.await??;
+    }
     let sending = start.elapsed();
     // Stragglers: until everything expected arrived, or the drain time is up.
     let deadline = Instant::now() + DRAIN;
@@ -245,6 +333,31 @@ async fn send(
     })
 }
 
+/// Publishes message `seq` as `setup` feeds it: to the raw subject, or
+/// (direct set-ups) straight to egress.
+async fn publish(producer: &async_nats::Client, setup: Setup, seq: u64) -> Result<(), Error> {
+    let (subject, direct, payload, _) = message(seq);
+    match setup {
+        Setup::Direct => producer.publish(direct, payload.into()).await?,
+        Setup::DirectCopies => {
+            for (subject, id, payload) in copies(seq) {
+                match id {
+                    Some(id) => {
+                        let mut headers = async_nats::HeaderMap::new();
+                        headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
+                        producer
+                            .publish_with_headers(subject, headers, payload.into())
+                            .await?
+                    }
+                    None => producer.publish(subject, payload.into()).await?,
+                }
+            }
+        }
+        _ => producer.publish(subject, payload.into()).await?,
+    }
+    Ok(())
+}
+
 /// A relay process under test, and what /proc says about it.
 struct Relay {
     child: Child,
@@ -255,7 +368,7 @@ impl Relay {
     fn start(setup: Setup, url: &str, dir: &std::path::Path) -> Result<Option<Relay>, Error> {
         let root = env!("CARGO_MANIFEST_DIR");
         match setup {
-            Setup::Direct => Ok(None),
+            Setup::Direct | Setup::DirectCopies => Ok(None),
             Setup::BareRelay => {
                 let child = Command::new(format!("{root}/target/release/examples/bare_relay"))
                     .arg(url)
@@ -445,7 +558,7 @@ async fn until_ready(url: &str, setup: Setup) -> Result<(), Error> {
     let mut out = client.subscribe("chat.public.ready").await?;
     client.flush().await?;
     let deadline = Instant::now() + Duration::from_secs(20);
-    let subject = if setup == Setup::Direct {
+    let subject = if setup.is_direct() {
         "chat.public.ready"
     } else {
         "chat.raw.ready.system.bench"
@@ -634,6 +747,7 @@ async fn main() -> Result<(), Error> {
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     for (key, setup) in [
         ("a", Setup::Direct),
+        ("a2", Setup::DirectCopies),
         ("b", Setup::BareRelay),
         ("c1", Setup::LoopguardQuiet),
         ("c2", Setup::LoopguardEvents),
@@ -712,6 +826,12 @@ async fn main() -> Result<(), Error> {
             "| (c2)/(b) sustained rate | {:.2} | ≥ 0.60 |",
             c2.max.rate as f64 / b.max.rate as f64
         );
+        if let Some(a2) = get(Setup::DirectCopies) {
+            println!(
+                "| (a2)/(b) sustained rate: the most (c1)/(b) could be here | {:.2} | — |",
+                a2.max.rate as f64 / b.max.rate as f64
+            );
+        }
         if let (Some(x), Some(y)) = (c1.cpu_us, b.cpu_us) {
             println!("| (c1)/(b) CPU per message | {:.2} | ≤ 1.5 |", x / y);
         }

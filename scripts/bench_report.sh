@@ -26,42 +26,44 @@ cat <<'NOTES'
   rules see real conversations (humans, mentions, duplicates) and not a
   stream of new worlds. The benchmark counts loss against what loopguard
   should approve, so a rule rejecting more than the designed ~10% fails it.
-- **Server-bound ceiling.** On this machine nats-server itself tops out at
-  465-750k messages/s (set-up a), depending on the run. The bare relay
-  costs the server two messages per input (raw in, copy out); this
-  workload makes loopguard cost it about 2.8 per input with approved events
-  off (a human message goes to the transcript and four inboxes, a mention
-  to one inbox, a duplicate becomes a rejection event) and 3.7 with every event on. Even a loopguard that cost
-  nothing would so be capped near 0.72× (c1) and 0.54× (c2) of the bare
-  relay's rate here.
+- **Spread-out turns.** Each world's conversation is shifted by
+  `world % 10` turns, so at any moment a fifth of the traffic is human, as
+  within each world. Runs before 2026-11-21 lacked that: all 100,000 worlds
+  reached their human turn together, and for 1-2 s at a time loopguard got
+  nothing but five-copy broadcasts (nats-server's connection counts showed
+  it publishing 250-300k msg/s from 50-60k inputs). Those stretches were
+  the failing steps of those runs (47-88k msg/s sustained), and they made
+  the CPU figure depend on which turn the common-rate step caught.
+- **The ceiling of loopguard's output (a2).** The bare relay costs the
+  server two messages per input (raw in, copy out). loopguard's copies cost
+  it about 2.8 with approved events off: a human's message goes to the
+  transcript and four inboxes, an agent's to the inbox it mentions, a
+  duplicate becomes a rejection event. Each copy is egress JSON about 1.7
+  times the input's size, with a `Nats-Msg-Id` header, and the consumer reads
+  them all. Set-up (a2) publishes exactly those copies from the producers,
+  with no relay and no raw hop, and fills the machine (server, producers
+  and consumer together at 160-185% of its 2 CPUs) at 0.48 of the bare
+  relay's rate in the run above. No relay that publishes loopguard's copies can pass
+  that here, so (c1)/(b) ≥ 0.9 is out of reach on this machine and
+  workload, whatever loopguard costs. (c1)/(a2), 0.71 above, says how
+  close loopguard comes to the ceiling of its own output.
 - **CPU per message** counts everything the process does per ingress message
   at the common rate, including publishing ~1.8 copies with a `Nats-Msg-Id`
   header each (the relay: one copy, no header) and the wake-ups of each
   hand-off. At 20k msg/s the wake-ups are a large share for both; at their
-  limits the bare relay costs about 1 µs a message and loopguard about 7.
-  This ratio moves a lot from run to run, mostly with the bare relay's
-  figure (3.8 to 7.0 µs): over seven runs of both on 2026-11-21 (c1)/(b) was
-  1.38, 1.62, 1.63, 1.81, 1.86, 2.10 and 2.35.
-- **What sets loopguard's sustained rate.** Its messages are decided on one
-  runtime thread (`runtime.threads = 1`), at about 7 µs each here. Yet the
-  failing steps in the log show that thread at 60-80%, not 100%. Sampled
-  every 100-200 ms during such steps, loopguard stayed under about 75% of
-  its thread in every window, and the hypervisor stole nothing. What the
-  failing stretches show instead is the whole machine at 100% for 1-2
-  seconds, with nats-server and loopguard each using up to twice the CPU
-  the same offered rate cost them in the passing retry. A relay that is
-  already 70% busy takes several times such a stretch to drain the backlog
-  it leaves, which puts 1% of a 3-second step over 50 ms. What starts those
-  stretches is not found yet. Counted every 100 ms in one (c1 at 50k/s):
-  loopguard made twice its usual write calls (about 2,800/s against 1,400/s,
-  so half as many messages per write) while nats-server's own read and write
-  calls fell by half to three quarters, yet its CPU doubled to a full core.
-  The bare relay, at about 25% of a CPU, drains
-  at once; it fails only where the machine as a whole is full (server,
-  producer, consumer and relay together near 170% of 2 CPUs). Raising
-  loopguard's rate here means fewer microseconds per message on that
-  thread; a second runtime thread did not help on this 2-CPU machine, where
-  the other CPU is busy with the server and the benchmark.
+  limits the bare relay costs about 1 µs a message and loopguard about 7-8.
+  The ratio moves from run to run with both figures (bare relay 3.8-7.0 µs,
+  loopguard 8.2-11.3): (c1)/(b) was 1.38-2.35 over the runs of 2026-11-21.
+- **What sets loopguard's sustained rate**: the machine. At the first
+  failing rate loopguard's one runtime thread is about 80% busy, the server
+  about 65% and the benchmark about 35%, so the 2 CPUs are full. A perf
+  profile at 78-98k msg/s put about two thirds of loopguard's thread in
+  the decision and about 15% in the NATS client's reads and writes. The
+  largest single cost in the decision is moka's world lookup (about 13% of
+  the thread): among 100,000 worlds each lookup misses the CPU caches.
+  That is why a decision costs more here than in the criterion benchmark
+  below (10,000 worlds). A second runtime thread did not help on this
+  2-CPU machine (tried before the workload fix, not since).
 - **No drops**: loopguard counted no slow-consumer drop at its sustained rate.
 NOTES
 echo
