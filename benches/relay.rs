@@ -4,10 +4,11 @@
 //! loopback:
 //! - (a) direct: producers publish straight to the egress subjects — the
 //!   server's own ceiling on this machine;
-//! - (a2) direct, loopguard's copies: producers publish every copy (c1)
-//!   would, with its headers, inbox copies and rejection events — the
-//!   server's ceiling for loopguard's output, which no relay emitting those
-//!   copies could pass here;
+//! - (a2) direct, loopguard's copies: two producers publish every copy
+//!   (c1) would, with its headers, inbox copies and rejection events, and
+//!   no raw hop — the ceiling of loopguard's output on this machine (server,
+//!   producers and consumer fill it), which no relay emitting those copies
+//!   could pass here;
 //! - (b) bare relay: `examples/bare_relay.rs`, subscribe `chat.raw.>` and
 //!   republish each payload unchanged — the floor any relay pays;
 //! - (c1) loopguard, `events.approved = false`, every rule of the contract
