@@ -5,7 +5,7 @@
 
 use aho_corasick::automaton::Automaton;
 use aho_corasick::dfa::DFA;
-use aho_corasick::Anchored;
+use aho_corasick::{AhoCorasick, Anchored, MatchKind};
 
 use super::{Context, Rule, RuleName, Verdict};
 use crate::normalize::{normalize, substance};
@@ -37,7 +37,18 @@ impl Rule for Concluded {
 /// match, all compiled into one Aho-Corasick DFA. Built once per
 /// configuration load, not per message.
 #[derive(Debug, Clone, Default)]
-pub struct Conclusions(Option<DFA>);
+pub struct Conclusions(Option<Matcher>);
+
+#[derive(Debug, Clone)]
+struct Matcher {
+    /// The padded phrases, walked a byte at a time.
+    phrases: DFA,
+    /// The longest word of each phrase. A phrase's words are whole runs of
+    /// letters and digits of the normalised text, so a text holding none of
+    /// these words holds no phrase: one vectorised search (about 50 ns for
+    /// 200 bytes, against about 300 ns for the walk) settles most messages.
+    words: AhoCorasick,
+}
 
 impl Conclusions {
     pub fn new(phrases: &[String]) -> Conclusions {
@@ -45,16 +56,24 @@ impl Conclusions {
             .iter()
             .map(|p| substance(p))
             .filter(|p| !p.is_empty())
-            .map(|p| format!(" {p} "))
             .collect();
         if patterns.is_empty() {
             return Conclusions(None);
         }
+        let words = patterns.iter().map(|p| {
+            p.split(' ')
+                .fold("", |long, w| if w.len() > long.len() { w } else { long })
+        });
+        // Leftmost semantics let the search use its SIMD prefilter.
+        let words = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostFirst)
+            .build(words);
+        let phrases = DFA::new(patterns.iter().map(|p| format!(" {p} ")));
         // Phrases are short and few; should a huge list ever fail to build,
         // say so, and match none (no conclusion is the safe side).
-        match DFA::new(patterns) {
-            Ok(dfa) => Conclusions(Some(dfa)),
-            Err(error) => {
+        match (phrases, words) {
+            (Ok(phrases), Ok(words)) => Conclusions(Some(Matcher { phrases, words })),
+            (Err(error), _) | (_, Err(error)) => {
                 tracing::warn!(%error, "conversation.conclusion_phrases could not be compiled; no message will conclude a world");
                 Conclusions(None)
             }
@@ -70,11 +89,19 @@ impl Conclusions {
     /// of the phrases. The hot path passes the text it normalised for the
     /// duplicate hash, so a message is normalised once; its substance (as
     /// [`crate::normalize::substance_into`] makes it) is fed to the
-    /// automaton as it is made, padded like the patterns, without a buffer.
+    /// automaton as it is made, padded like the patterns, without a buffer,
+    /// once the search for the phrases' longest words found one of them.
     pub fn found_in_normalized(&self, normalized: &str) -> bool {
-        let Some(dfa) = &self.0 else {
+        let Some(Matcher {
+            phrases: dfa,
+            words,
+        }) = &self.0
+        else {
             return false;
         };
+        if !words.is_match(normalized) {
+            return false;
+        }
         let Ok(mut state) = dfa.start_state(Anchored::No) else {
             return false;
         };
@@ -158,6 +185,29 @@ mod tests {
             let padded = format!(" {} ", substance(text));
             let expected = patterns.iter().any(|p| padded.contains(p.as_str()));
             assert_eq!(matcher.found(text), expected, "{text:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Texts made of phrase words, near-misses and separators: the
+        /// prefilter and the walk together agree with a plain search of the
+        /// padded substance.
+        #[test]
+        fn the_match_agrees_with_a_search_of_the_padded_substance_on_any_text(
+            parts in proptest::collection::vec(proptest::sample::select(vec![
+                "thanks everyone", "That's all", "we're done", "case closed",
+                "thanks", "everyone", "everyonex", "all", "that", "s", "done",
+                "ünd", "🙂", " ", "  ", ", ", "'", "!", "\n", "@bob ", "—", "x",
+            ]), 0..10),
+        ) {
+            let phrases = ConversationConfig::default().conclusion_phrases;
+            let matcher = Conclusions::new(&phrases);
+            let text = parts.concat();
+            let padded = format!(" {} ", substance(&text));
+            let expected = phrases
+                .iter()
+                .any(|p| padded.contains(&format!(" {} ", substance(p))));
+            proptest::prop_assert_eq!(matcher.found(&text), expected, "{:?}", text);
         }
     }
 
