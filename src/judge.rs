@@ -889,6 +889,28 @@ mod tests {
         json(last)
     }
 
+    /// The ids documented in docs/CONTRACT.md: a v5 UUID of the parts,
+    /// each followed by a NUL, then `:` and the destination. Ids of one and
+    /// of several SHA-1 blocks.
+    #[test]
+    fn message_ids_are_the_v5_uuid_of_the_nul_separated_parts() {
+        let world = Name::parse("w1").unwrap();
+        for (kind, sender, id) in [
+            (SenderKind::Agent, "alice", "m-1".to_string()),
+            (SenderKind::Human, "hank", "x".repeat(300)),
+            (SenderKind::System, "ops", String::new()),
+        ] {
+            let joined = format!("w1\0{}\0{sender}\0{id}\0", kind.as_str());
+            let expected = uuid::Uuid::new_v5(&MSG_ID_NAMESPACE, joined.as_bytes());
+            let key = message_key(&world, kind, sender, &id);
+            assert_eq!(key, expected.hyphenated().to_string());
+            assert_eq!(
+                copy_id(&key, "private.bob"),
+                format!("{}:private.bob", expected.hyphenated())
+            );
+        }
+    }
+
     #[test]
     fn an_invalid_subject_event_has_zero_depth_and_turn_and_no_kind() {
         let rig = Rig::new(|_| {});
