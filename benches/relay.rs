@@ -28,8 +28,10 @@
 //! For each set-up: the highest open-loop rate sustained with < 0.1% loss and
 //! p99 < 50 ms; latency percentiles at a common moderate rate; CPU µs per
 //! message of the relay process (from /proc); its peak resident memory over
-//! the steps that passed (sampled every 20 ms); and,
-//! for loopguard, the slow-consumer drops it counted. Printed as a markdown
+//! the steps that passed (sampled every 20 ms); and, for loopguard, the
+//! slow-consumer drops it counted. Then (b) and (c1) run side by side on one
+//! stream at the common rate, so their CPU per message is compared in the
+//! same seconds (`BENCH_ONLY=pair` runs that alone). Printed as a markdown
 //! section (`make bench` keeps it in docs/benchmarks.md). Numbers are only
 //! comparable within one run: server, producer and relay share the CPUs.
 
@@ -54,6 +56,8 @@ const MAX_P99: Duration = Duration::from_millis(50);
 const COMMON_RATE: u64 = 20_000;
 /// Rate of the unmeasured warm-up round that opens every world.
 const WARM_UP_RATE: u64 = 40_000;
+/// Steps of the side-by-side CPU measurement of (b) and (c1).
+const PAIRED_STEPS: usize = 3;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Setup {
@@ -713,6 +717,57 @@ async fn measure(
     })
 }
 
+/// CPU per message of (b) and (c1) side by side: both processes subscribed
+/// to the same raw stream at the common rate, so both are measured in the
+/// same seconds. Measured one after the other, as in the table, the two
+/// figures come minutes apart, and the shared machine's state between them
+/// moved their ratio from 1.38 to 2.35 over one day's runs. After a warm-up
+/// that opens every world for loopguard, each of `PAIRED_STEPS` steps gives
+/// both figures (µs per message: bare relay, loopguard).
+async fn paired_cpu(url: &str, dir: &std::path::Path) -> Result<Vec<(f64, f64)>, Error> {
+    let bare = Relay::start(Setup::BareRelay, url, dir)?.ok_or("no bare relay")?;
+    let loopguard = Relay::start(Setup::LoopguardQuiet, url, dir)?.ok_or("no loopguard")?;
+    // Both ready: a system message comes back twice, once from each.
+    let client = async_nats::connect(url).await?;
+    let mut echoes = client.subscribe("chat.public.paired").await?;
+    client.flush().await?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        client
+            .publish(
+                "chat.raw.paired.system.bench",
+                "{\"content\":\"ready?\"}".into(),
+            )
+            .await?;
+        let mut seen = 0;
+        while let Ok(Some(_)) =
+            tokio::time::timeout(Duration::from_millis(200), echoes.next()).await
+        {
+            seen += 1;
+        }
+        if seen >= 2 {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err("the paired relays never both became ready".into());
+        }
+    }
+    let mut next = 0;
+    send(url, Setup::LoopguardQuiet, WARM_UP_RATE, WORLDS, &mut next).await?;
+    let total = COMMON_RATE * STEP.as_secs();
+    let per_message = |d: Duration| d.as_secs_f64() * 1e6 / total as f64;
+    let mut pairs = Vec::new();
+    for _ in 0..PAIRED_STEPS {
+        let (b0, c0) = (bare.cpu()?, loopguard.cpu()?);
+        send(url, Setup::LoopguardQuiet, COMMON_RATE, total, &mut next).await?;
+        pairs.push((
+            per_message(bare.cpu()? - b0),
+            per_message(loopguard.cpu()? - c0),
+        ));
+    }
+    Ok(pairs)
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e3)
 }
@@ -759,6 +814,13 @@ async fn main() -> Result<(), Error> {
         eprintln!("{}", setup.label());
         rows.push(measure(&url, nats.id(), setup, dir.path()).await?);
     }
+    // BENCH_ONLY=pair runs it alone.
+    let paired = if only.is_empty() || only.split(',').any(|k| k == "pair") {
+        eprintln!("(b) and (c1) side by side");
+        paired_cpu(&url, dir.path()).await?
+    } else {
+        Vec::new()
+    };
     let _ = nats.kill();
 
     let machine = format!(
@@ -839,6 +901,18 @@ async fn main() -> Result<(), Error> {
         if let (Some(x), Some(y)) = (c2.cpu_us, b.cpu_us) {
             println!("| (c2)/(b) CPU per message | {:.2} | — |", x / y);
         }
+    }
+    if !paired.is_empty() {
+        println!("\n### CPU per message, (b) and (c1) side by side\n");
+        println!("Both relays subscribed to the same stream at {COMMON_RATE} msg/s, so both are measured in the same seconds; {} steps of {}s after a warm-up.\n", paired.len(), STEP.as_secs());
+        println!("| step | (b) µs/msg | (c1) µs/msg | (c1)/(b) | target |");
+        println!("|---|---:|---:|---:|---|");
+        let mut ratios: Vec<f64> = paired.iter().map(|(b, c)| c / b).collect();
+        for (i, (b, c)) in paired.iter().enumerate() {
+            println!("| {} | {b:.2} | {c:.2} | {:.2} | ≤ 1.5 |", i + 1, c / b);
+        }
+        ratios.sort_by(f64::total_cmp);
+        println!("| median | | | {:.2} | ≤ 1.5 |", ratios[ratios.len() / 2]);
     }
     println!("\nSteps of the rate search (CPU in % of one CPU, over the step and its drain):\n");
     println!("```");

@@ -55,7 +55,16 @@ cat <<'NOTES'
   limits the bare relay costs about 1 µs a message and loopguard about 7-8.
   The ratio moves from run to run with both figures (bare relay 3.8-7.0 µs,
   loopguard 8.2-11.3): (c1)/(b) was 1.38-2.35 over the runs of 2026-11-21,
-  and 1.51 in the run above, the first with the conclusion prefilter below.
+  and 1.51 in the run of 21:41 UTC, the first with the conclusion
+  prefilter below. The two figures of the table are taken minutes apart.
+- **Side by side.** So the section after the ratios runs (b) and (c1) at
+  once, both subscribed to the same stream at the common rate: each step
+  gives both figures from the same seconds. That ratio is steady where the
+  table's is not: medians of 1.83-1.88 over three runs on 2026-11-21 (each
+  step 1.70-1.97), against 1.86-1.97 with loopguard built before the
+  conclusion prefilter. Both processes cost more than alone (the consumer
+  reads both outputs, and they share the CPUs), so compare its ratio, not
+  its absolute figures, with the table's.
 - **A slower machine in the run above.** The same code ran slower than
   earlier that day: (a) 524k msg/s against 727k, and the mention parser,
   unchanged, 156 ns in the criterion run below against 91 ns that
