@@ -42,12 +42,12 @@ cat <<'NOTES'
   times the input's size, with a `Nats-Msg-Id` header, and the consumer reads
   them all. Set-up (a2) publishes exactly those copies from the producers,
   with no relay and no raw hop, and fills the machine (server, producers
-  and consumer together at 160-185% of its 2 CPUs) at 0.60 of the bare
-  relay's rate in the run above (0.48 and 0.54 in earlier runs that day).
+  and consumer together at 160-185% of its 2 CPUs) at 0.72 of the bare
+  relay's rate in the run above (0.48-0.60 in earlier runs that day).
   No relay that publishes loopguard's copies can pass that here, so
   (c1)/(b) ≥ 0.9 is out of reach on this machine and workload, whatever
   loopguard costs.
-  (c1)/(a2), 0.64 above (0.71 in the earlier runs), says how close
+  (c1)/(a2), 0.57 above (0.64-0.71 in the earlier runs), says how close
   loopguard comes to the ceiling of its own output.
 - **CPU per message** counts everything the process does per ingress message
   at the common rate, including publishing ~1.8 copies with a `Nats-Msg-Id`
@@ -56,22 +56,32 @@ cat <<'NOTES'
   limits the bare relay costs about 1 µs a message and loopguard about 7-8.
   The ratio moves from run to run with both figures (bare relay 3.8-7.0 µs,
   loopguard 8.2-11.3): (c1)/(b) was 1.38-2.35 over the runs of 2026-11-21,
-  1.51 in the run of 21:41 UTC (the first with the conclusion prefilter
-  below) and 1.78 in the run above. The two figures of the table are taken
-  minutes apart.
+  1.51 and 1.78 in the two with the conclusion prefilter below, and 1.69
+  and 1.58 with the release profile's LTO as well (the run above, and a
+  (b)+(c1) run after it). The two figures of the table are taken minutes
+  apart.
 - **Side by side.** So the section after the ratios runs (b) and (c1) at
   once, both subscribed to the same stream at the common rate: each step
   gives both figures from the same seconds. That ratio is steady where the
-  table's is not: medians of 1.80-1.88 over four runs on 2026-11-21 (each
-  step 1.70-1.97), against 1.86-1.97 with loopguard built before the
-  conclusion prefilter. Both processes cost more than alone (the consumer
-  reads both outputs, and they share the CPUs), so compare its ratio, not
-  its absolute figures, with the table's.
+  table's is not. On 2026-11-21: medians of 1.86-1.97 with loopguard built
+  before the conclusion prefilter; 1.80-1.88 over four runs with it (each
+  step 1.70-1.97); 1.65-1.74 over six runs once loopguard was built with
+  the release profile's LTO (1.66-1.74 in the three with the bare relay
+  built the same way, 1.67 in the run above). Both processes cost more
+  than alone (the consumer reads both outputs, and they share the CPUs),
+  so compare its ratio, not its absolute figures, with the table's.
 - **A noisy machine.** The same code ran at different speeds through
-  2026-11-21: (a) sustained 727k msg/s in the morning and 442-524k in the
+  2026-11-21: (a) sustained 727k msg/s in the morning and 419-524k in the
   evening; the mention parser, unchanged, took 91 ns, then 137-167 ns, then
-  91 ns again. Ratios within one run compare; absolute figures across runs
-  do not.
+  91 ns again. In the run above, (c1)'s latency at 20k msg/s (p99 13 ms,
+  p99.9 37 ms) caught such a stretch: a (b)+(c1) run minutes later measured
+  1.48 / 1.95 ms for (c1) and 1.14 / 2.02 ms for (b). Ratios within one run
+  compare; absolute figures across runs do not.
+- **Release profile.** Since 2026-11-21 the release profile, which the
+  benchmarks inherit, uses fat LTO and one codegen unit. A decision runs
+  through serde_json, moka, aho-corasick and hashbrown; inlined across them,
+  with its code laid out together, loopguard's CPU per message fell about
+  10% side by side (above), and the single-decision tail below shrank.
 - **What sets loopguard's sustained rate**: the machine. At the first
   failing rate loopguard's one runtime thread is about 80% busy, the server
   about 65% and the benchmark about 35%, so the 2 CPUs are full. A perf
@@ -109,8 +119,10 @@ cat <<'NOTES'
 - **What sets the single-decision p99**: moka. Every 64th world lookup
   applies the cache's log of the last 64 reads (its LRU order and idle
   expiry) on the thread that made it, and that decision takes 10-30 µs.
-  Those are most of the decisions over 8 µs counted above. The mean cost of
-  that upkeep is small (a few % of a decision); its tail is not.
+  Before LTO those were most of the decisions over 8 µs (1.4-1.8% of
+  later decisions, three quarters of them 64 apart); with it, 0.38% of
+  decisions take over 8 µs and a third of those are 64 apart. The mean cost
+  of that upkeep is small (a few % of a decision); its tail is not.
 - **Instructions per decision**, counted by callgrind (repeatable where
   timings are not): 60,000 decisions over 10,000 worlds with the relay's
   rules and approved events off cost 18.9k instructions each. The search
@@ -118,10 +130,11 @@ cat <<'NOTES'
   reads it even with the `concluded` rule off) was 4.3k of the 22.6k before
   it first looks for the phrases' longest words with one vectorised search.
 - **Criterion's timings moved more than the code did** on the evening of
-  2026-11-21. Builds with and without that prefilter, run in turn, gave
-  means of 4.67 and 4.54 µs with it and 4.76 and 3.55 µs without (approved
-  events off); the run above 4.65 µs, against 3.34 µs that morning. The
-  instruction count, not criterion's time, is what shows the change.
+  2026-11-21. Builds with and without that prefilter (before LTO), run in
+  turn, gave means of 4.67 and 4.54 µs with it and 4.76 and 3.55 µs without
+  (approved events off), against 3.34 µs that morning. The instruction
+  count, not criterion's time, is what shows that change. The run above,
+  with LTO as well, gave 2.91 µs.
 - **loopguard's optional rules** (alternation, similar, low_content, budget,
   concluded; off by default and in the relay benchmark) are measured on
   their own line above, set so that they seldom reject: the approval share
