@@ -144,9 +144,11 @@ impl Subjects {
         let verb = tokens.next().unwrap_or("");
         let world_token = tokens.next().unwrap_or("");
         let world = Name::parse(world_token);
-        let tail: Vec<&str> = tokens.by_ref().take(3).collect();
-        match (verb, tail.as_slice()) {
-            ("raw", [kind, sender]) => {
+        // Up to three more tokens, without collecting them (this runs for
+        // every message): `raw` needs exactly two, `join` exactly one.
+        let tail = [tokens.next(), tokens.next(), tokens.next()];
+        match (verb, tail) {
+            ("raw", [Some(kind), Some(sender), None]) => {
                 let kind_parsed = SenderKind::parse(kind);
                 match (world, kind_parsed, Name::parse(sender)) {
                     (Ok(world), Some(kind), Ok(sender)) => Origin::Raw {
@@ -168,7 +170,7 @@ impl Subjects {
                     }
                 }
             }
-            ("join", [agent]) => match (world, Name::parse(agent)) {
+            ("join", [Some(agent), None, None]) => match (world, Name::parse(agent)) {
                 (Ok(world), Ok(agent)) => Origin::Join { world, agent },
                 (world, agent_result) => {
                     let reason = match (&world, agent_result) {
@@ -182,13 +184,13 @@ impl Subjects {
             ("raw", _) => invalid(
                 world.ok(),
                 None,
-                tail.get(1).copied().unwrap_or(""),
+                tail[1].unwrap_or(""),
                 "subject must have the form P.raw.WORLD.KIND.NAME",
             ),
             ("join", _) => invalid(
                 world.ok(),
                 None,
-                tail.first().copied().unwrap_or(""),
+                tail[0].unwrap_or(""),
                 "subject must have the form P.join.WORLD.AGENT",
             ),
             _ => invalid(None, None, "", "subject is not a raw or join subject"),
