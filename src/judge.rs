@@ -49,8 +49,9 @@ pub struct Outbound {
 pub struct Decision {
     pub world: Option<Name>,
     pub kind: Option<SenderKind>,
-    /// The sender's canonical name, or the defused token of an invalid one.
-    pub sender: String,
+    /// The sender's canonical name (shared with the subject's, not copied),
+    /// or the defused token of an invalid one.
+    pub sender: Arc<str>,
     pub id: String,
     pub outcome: Outcome,
     pub rule: Option<RuleName>,
@@ -59,7 +60,8 @@ pub struct Decision {
     pub would_reject: Option<RuleName>,
     pub depth: u32,
     pub turn: u32,
-    pub delivered_to: Vec<String>,
+    /// `public` and `private.<agent>`, one per copy (the event's field).
+    pub delivered_to: Vec<Cow<'static, str>>,
     pub handoff: Option<Handoff>,
     /// Egress copies, then any notice, then the event: in publish order.
     pub outbound: Vec<Outbound>,
@@ -73,7 +75,7 @@ impl Decision {
     fn rejected(
         origin_world: Option<Name>,
         kind: Option<SenderKind>,
-        sender: String,
+        sender: Arc<str>,
         id: String,
         rule: RuleName,
         reason: impl Into<Cow<'static, str>>,
@@ -340,7 +342,7 @@ impl Judge {
                 Decision::rejected(
                     world,
                     kind,
-                    sender,
+                    sender.into(),
                     id,
                     RuleName::Invalid,
                     reason,
@@ -458,7 +460,7 @@ impl Judge {
                 return Decision::rejected(
                     Some(world),
                     Some(kind),
-                    sender.to_string(),
+                    sender.into(),
                     id,
                     rule,
                     e.to_string(),
@@ -467,9 +469,9 @@ impl Judge {
             }
         };
         let id = env.id.take().unwrap_or_else(new_id);
-        for key in EGRESS_KEYS {
-            env.fields.remove(key);
-        }
+        // Most messages carry no other fields: nothing to look up then.
+        env.fields
+            .retain(|key, _| !EGRESS_KEYS.contains(&key.as_str()));
 
         let now = self.clock.now();
         let ws = settings.world(&world);
@@ -499,7 +501,7 @@ impl Judge {
         let mut d = Decision {
             world: Some(world.clone()),
             kind: Some(kind),
-            sender: sender.to_string(),
+            sender: sender.clone().into(),
             id,
             outcome: Outcome::Approved,
             rule: None,
@@ -643,8 +645,11 @@ impl Judge {
             d.reason
                 .to_mut()
                 .push_str("; a hand-back notice went to the public transcript");
-            let key = message_key(world, SenderKind::Agent, &d.sender, &d.id);
-            let notice_id = copy_id(&key, "notice");
+            let mut key = uuid::Uuid::encode_buffer();
+            let key = message_key(world, SenderKind::Agent, &d.sender, &d.id)
+                .hyphenated()
+                .encode_lower(&mut key);
+            let notice_id = copy_id(key, "notice");
             let content = format!(
                 "@human the agents in {world} reached the limit of {} turns without a human; they are paused until a human or system message arrives",
                 w.settings.rules.turns.max
@@ -699,17 +704,22 @@ impl Judge {
             reason: None,
         }
         .to_json();
-        // One name-based UUID per message; each copy adds its destination.
-        let key = message_key(world, kind, &d.sender, &d.id);
-        d.outbound
-            .reserve(route.inboxes.len() + usize::from(route.public) + 1);
+        // One name-based UUID per message, written out once on the stack;
+        // each copy adds its destination.
+        let mut key = uuid::Uuid::encode_buffer();
+        let key = message_key(world, kind, &d.sender, &d.id)
+            .hyphenated()
+            .encode_lower(&mut key);
+        let copies = route.inboxes.len() + usize::from(route.public);
+        d.outbound.reserve(copies + 1);
+        d.delivered_to.reserve_exact(copies);
         if route.public {
             d.outbound.push(Outbound {
                 subject: self.subjects.public(world),
-                msg_id: Some(copy_id(&key, "public")),
+                msg_id: Some(copy_id(key, "public")),
                 payload: body.clone(),
             });
-            d.delivered_to.push("public".to_string());
+            d.delivered_to.push(Cow::Borrowed("public"));
         }
         for agent in &route.inboxes {
             let mut dest = String::with_capacity(8 + agent.as_str().len());
@@ -717,10 +727,10 @@ impl Judge {
             dest.push_str(agent.as_str());
             d.outbound.push(Outbound {
                 subject: self.subjects.private(world, agent),
-                msg_id: Some(copy_id(&key, &dest)),
+                msg_id: Some(copy_id(key, &dest)),
                 payload: body.clone(),
             });
-            d.delivered_to.push(dest);
+            d.delivered_to.push(Cow::Owned(dest));
         }
         body
     }
@@ -734,17 +744,19 @@ fn new_id() -> String {
 /// What identifies one ingress message across processes: a name-based UUID
 /// of its world, sender and id (hashed, so no byte of a client-chosen id
 /// reaches a header).
-fn message_key(world: &Name, kind: SenderKind, sender: &str, id: &str) -> String {
-    let mut name = Vec::with_capacity(world.as_str().len() + sender.len() + id.len() + 10);
+fn message_key(world: &Name, kind: SenderKind, sender: &str, id: &str) -> uuid::Uuid {
+    use sha1::Digest;
+    // Uuid::new_v5, hashed part by part (no joined copy) with the `sha1`
+    // crate, which uses the CPU's SHA extensions where it has them.
+    let mut sha = sha1::Sha1::new_with_prefix(MSG_ID_NAMESPACE.as_bytes());
     for part in [world.as_str(), kind.as_str(), sender, id] {
-        name.extend_from_slice(part.as_bytes());
-        name.push(0);
+        sha.update(part.as_bytes());
+        sha.update([0]);
     }
-    let mut buf = uuid::Uuid::encode_buffer();
-    uuid::Uuid::new_v5(&MSG_ID_NAMESPACE, &name)
-        .hyphenated()
-        .encode_lower(&mut buf)
-        .to_owned()
+    let digest = sha.finalize();
+    let mut first = [0; 16];
+    first.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_sha1_bytes(first).into_uuid()
 }
 
 /// The `Nats-Msg-Id` of one copy: the message key and the destination
@@ -903,9 +915,9 @@ mod tests {
             let joined = format!("w1\0{}\0{sender}\0{id}\0", kind.as_str());
             let expected = uuid::Uuid::new_v5(&MSG_ID_NAMESPACE, joined.as_bytes());
             let key = message_key(&world, kind, sender, &id);
-            assert_eq!(key, expected.hyphenated().to_string());
+            assert_eq!(key, expected);
             assert_eq!(
-                copy_id(&key, "private.bob"),
+                copy_id(&key.hyphenated().to_string(), "private.bob"),
                 format!("{}:private.bob", expected.hyphenated())
             );
         }

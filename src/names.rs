@@ -84,6 +84,13 @@ impl std::borrow::Borrow<str> for Name {
     }
 }
 
+/// The shared string itself, without a copy.
+impl From<Name> for Arc<str> {
+    fn from(name: Name) -> Arc<str> {
+        name.0
+    }
+}
+
 impl AsRef<str> for Name {
     fn as_ref(&self) -> &str {
         &self.0

@@ -183,6 +183,15 @@ async fn egress_keeps_ingress_fields_and_sets_loopguards_own() {
     assert_eq!(b["thread_id"], "m-1");
     assert_eq!(b["parent_id"], json!(null));
     assert_eq!(b["depth"], 0);
+    let mut keys = copy.keys.clone();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(
+        keys.len(),
+        copy.keys.len(),
+        "each key once, the ingress ones loopguard sets dropped: {:?}",
+        copy.keys
+    );
     let received_at = b["received_at"].as_str().unwrap();
     assert!(
         received_at.ends_with('Z') && received_at.contains('T'),

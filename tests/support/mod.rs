@@ -298,6 +298,33 @@ pub struct Received {
     pub subject: String,
     pub msg_id: Option<String>,
     pub body: Value,
+    /// The body's top-level keys as sent, in order, repeats kept (`body`,
+    /// parsed, keeps only the last of a repeated key).
+    pub keys: Vec<String>,
+}
+
+/// The top-level keys of a JSON object, repeats kept.
+struct Keys(Vec<String>);
+
+impl<'de> serde::Deserialize<'de> for Keys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Keys, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Keys;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Keys, A::Error> {
+                let mut keys = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                    keys.push(key);
+                }
+                Ok(Keys(keys))
+            }
+        }
+        d.deserialize_map(Visitor)
+    }
 }
 
 impl Received {
@@ -379,6 +406,8 @@ impl Harness {
                 }
                 let body = serde_json::from_slice(&m.payload)
                     .unwrap_or_else(|e| panic!("loopguard published non-JSON on {subject}: {e}"));
+                let keys =
+                    serde_json::from_slice::<Keys>(&m.payload).map_or_else(|_| Vec::new(), |k| k.0);
                 let msg_id = m
                     .headers
                     .as_ref()
@@ -389,6 +418,7 @@ impl Harness {
                         subject,
                         msg_id,
                         body,
+                        keys,
                     })
                     .is_err()
                 {
