@@ -10,18 +10,31 @@
 ARG RUST_VERSION=1.95
 
 FROM rust:${RUST_VERSION}-slim-bookworm AS build
+# The profile-guided build (scripts/pgo.sh) trains loopguard against a real
+# nats-server and merges its profile with rustc's own llvm-profdata.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends nats-server \
+ && rm -rf /var/lib/apt/lists/* \
+ && rustup component add llvm-tools
 WORKDIR /src
-# Dependencies first, so source edits do not refetch the registry.
+# Dependencies first, so source edits do not refetch the registry. Every
+# target Cargo.toml names must exist for cargo to read it: stubs here.
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir src examples \
+RUN mkdir src examples benches \
  && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
- && echo 'fn main() {}' > examples/demo.rs \
+ && for t in examples/demo examples/pgo_train benches/relay benches/decision benches/state_memory; do \
+      echo 'fn main() {}' > "$t.rs"; done \
  && cargo fetch --locked
 COPY src ./src
-COPY examples/demo.rs ./examples/demo.rs
-RUN touch src/main.rs src/lib.rs \
- && cargo build --release --locked --bin loopguard --example demo \
- && cp target/release/loopguard target/release/examples/demo /usr/local/bin/
+COPY examples/demo.rs examples/pgo_train.rs ./examples/
+COPY benches/shared ./benches/shared
+COPY scripts/pgo.sh ./scripts/
+# loopguard with profile-guided optimisation (about a tenth less CPU per
+# message than a plain release build; docs/benchmarks.md), then the demo.
+RUN touch src/main.rs src/lib.rs examples/*.rs \
+ && scripts/pgo.sh \
+ && cargo build --release --locked --example demo \
+ && cp target/pgo/loopguard target/release/examples/demo /usr/local/bin/
 
 # The sidecar. distroless/cc: glibc and CA certificates, no shell, uid 65532.
 FROM gcr.io/distroless/cc-debian12:nonroot AS loopguard

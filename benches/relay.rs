@@ -17,6 +17,10 @@
 //!   by default: the decision benchmark measures what they cost;
 //! - (c2) the same, every event published.
 //!
+//! loopguard is the binary `LOOPGUARD_BIN` names when set (`make bench`
+//! sets the profile-guided build of `make release`, which the image ships),
+//! else cargo's plain release build; the report says which.
+//!
 //! Workload: 100,000 worlds, four agents each, a human message after every
 //! four agent messages (a broadcast to the four inboxes), agent messages that
 //! @mention the next agent (one inbox copy), ~200-byte unique contents, and
@@ -42,10 +46,12 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
+#[path = "shared/workload.rs"]
+mod workload;
+use workload::{message, AGENTS, WORLDS};
+
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-const WORLDS: u64 = 100_000;
-const AGENTS: u64 = 4;
 /// Sending time of one measured step.
 const STEP: Duration = Duration::from_secs(3);
 /// After the last send, how long stragglers may take.
@@ -99,49 +105,6 @@ impl Setup {
     fn drops_duplicates(self) -> bool {
         self.is_loopguard() || self == Setup::DirectCopies
     }
-}
-
-/// Message `seq` of the workload: (ingress subject, egress subject for the
-/// direct set-up, payload, whether loopguard should approve it). Sequence
-/// numbers run on across the steps of one set-up, so message `seq` is turn
-/// `seq / WORLDS` of world `seq % WORLDS`: a world's conversation goes on
-/// from step to step, as it would in production.
-///
-/// Each world's conversation is shifted by `world % 10` turns, so at any
-/// moment a fifth of the traffic is human and a tenth duplicates, as in each
-/// world. (Unshifted, all 100,000 worlds reached their human turn together,
-/// and loopguard got nothing but five-copy broadcasts for a stretch.)
-fn message(seq: u64) -> (String, String, String, bool) {
-    let world = seq % WORLDS;
-    let k = seq / WORLDS; // position in the world's own conversation
-    let turn = k + world % 10; // the same conversation, in its own phase
-    let filler = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore et dolore magna aliqua ut enim ad minim veniam quis nostrud";
-    if turn % 5 == 4 {
-        let payload = format!("{{\"id\":\"{seq}\",\"content\":\"question {seq}: {filler}\"}}");
-        return (
-            format!("chat.raw.w{world}.human.h"),
-            format!("chat.public.w{world}"),
-            payload,
-            true,
-        );
-    }
-    let agent = turn % AGENTS;
-    let next = (agent + 1) % AGENTS;
-    // One message in ten repeats the world's previous one (an agent's, at
-    // turn % 5 == 1); a world's first message has none to repeat.
-    let (text_seq, approved) = if turn % 10 == 7 && k > 0 {
-        (seq - WORLDS, false)
-    } else {
-        (seq, true)
-    };
-    let payload =
-        format!("{{\"id\":\"{seq}\",\"content\":\"@a{next} answer {text_seq}: {filler}\"}}");
-    (
-        format!("chat.raw.w{world}.agent.a{agent}"),
-        format!("chat.public.w{world}"),
-        payload,
-        approved,
-    )
 }
 
 /// What (c1) publishes for message `seq`, for set-up (a2): (subject,
@@ -399,7 +362,7 @@ impl Relay {
                         setup == Setup::LoopguardEvents
                     ),
                 )?;
-                let child = Command::new(env!("CARGO_BIN_EXE_loopguard"))
+                let child = Command::new(loopguard_bin())
                     .arg("--config")
                     .arg(&config)
                     .env_remove("RUST_LOG")
@@ -482,6 +445,13 @@ impl Drop for Relay {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The loopguard binary measured: `LOOPGUARD_BIN` when set (`make bench`
+/// sets the profile-guided build of scripts/pgo.sh, which the image ships),
+/// else cargo's plain release build.
+fn loopguard_bin() -> String {
+    std::env::var("LOOPGUARD_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_loopguard").to_string())
 }
 
 /// user + system CPU time so far of process `pid` (or `self`).
@@ -851,6 +821,13 @@ async fn main() -> Result<(), Error> {
     let date = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
     println!("## Relay benchmark — {date}\n");
     println!("Machine: {machine}; nats-server, producer, consumer and relay share it.");
+    let build = match std::env::var("LOOPGUARD_BIN") {
+        Ok(bin) => {
+            format!("`{bin}`, the profile-guided build of scripts/pgo.sh (as the image ships)")
+        }
+        Err(_) => "cargo's plain release build (no profile-guided optimisation)".to_string(),
+    };
+    println!("loopguard: {build}.");
     println!("Workload: {WORLDS} worlds × {AGENTS} agents, a human message after every 4 agent messages, @mentions, ~200-byte unique contents, 10% duplicates (loopguard approves ~90%). loopguard runs the contract's six rules (its own optional rules off, as by default). Steps of {}s; sustained = loss < 0.1% and p99 < 50 ms; latency at {COMMON_RATE} msg/s.\n", STEP.as_secs());
     println!("| set-up | max sustained msg/s | p50 ms | p99 ms | p99.9 ms | relay CPU µs/msg | relay peak RSS MiB | loopguard drops |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");

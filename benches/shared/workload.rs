@@ -1,0 +1,52 @@
+//! The relay benchmark's workload, shared with `examples/pgo_train.rs`
+//! (which trains the profile-guided build on it, see scripts/pgo.sh).
+//!
+//! 100,000 worlds, four agents each, a human message after every four agent
+//! messages, agent messages that @mention the next agent, ~200-byte unique
+//! contents, and one agent message in ten repeating the previous one.
+
+pub const WORLDS: u64 = 100_000;
+pub const AGENTS: u64 = 4;
+
+/// Message `seq` of the workload: (ingress subject, egress subject for the
+/// direct set-up, payload, whether loopguard should approve it). Sequence
+/// numbers run on across the steps of one set-up, so message `seq` is turn
+/// `seq / WORLDS` of world `seq % WORLDS`: a world's conversation goes on
+/// from step to step, as it would in production.
+///
+/// Each world's conversation is shifted by `world % 10` turns, so at any
+/// moment a fifth of the traffic is human and a tenth duplicates, as in each
+/// world. (Unshifted, all 100,000 worlds reached their human turn together,
+/// and loopguard got nothing but five-copy broadcasts for a stretch.)
+pub fn message(seq: u64) -> (String, String, String, bool) {
+    let world = seq % WORLDS;
+    let k = seq / WORLDS; // position in the world's own conversation
+    let turn = k + world % 10; // the same conversation, in its own phase
+    let filler = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore et dolore magna aliqua ut enim ad minim veniam quis nostrud";
+    if turn % 5 == 4 {
+        let payload = format!("{{\"id\":\"{seq}\",\"content\":\"question {seq}: {filler}\"}}");
+        return (
+            format!("chat.raw.w{world}.human.h"),
+            format!("chat.public.w{world}"),
+            payload,
+            true,
+        );
+    }
+    let agent = turn % AGENTS;
+    let next = (agent + 1) % AGENTS;
+    // One message in ten repeats the world's previous one (an agent's, at
+    // turn % 5 == 1); a world's first message has none to repeat.
+    let (text_seq, approved) = if turn % 10 == 7 && k > 0 {
+        (seq - WORLDS, false)
+    } else {
+        (seq, true)
+    };
+    let payload =
+        format!("{{\"id\":\"{seq}\",\"content\":\"@a{next} answer {text_seq}: {filler}\"}}");
+    (
+        format!("chat.raw.w{world}.agent.a{agent}"),
+        format!("chat.public.w{world}"),
+        payload,
+        approved,
+    )
+}
