@@ -88,7 +88,7 @@ release: deps
 # and memory per idle world; kept in docs/benchmarks.md.
 bench: deps release
 	$(CARGO) build --release --bin loopguard --example bare_relay
-	LOOPGUARD_BIN=$(CURDIR)/target/pgo/loopguard $(CARGO) bench --bench relay | tee target/bench-relay.md
+	LOOPGUARD_BIN=target/pgo/loopguard $(CARGO) bench --bench relay | tee target/bench-relay.md
 	$(CARGO) bench --bench decision -- --warm-up-time 1 --measurement-time 3 | tee target/bench-decision.txt
 	$(CARGO) bench --bench state_memory | tee target/bench-state-memory.md
 	scripts/bench_report.sh target/bench-relay.md target/bench-decision.txt target/bench-state-memory.md > docs/benchmarks.md

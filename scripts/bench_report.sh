@@ -42,12 +42,12 @@ cat <<'NOTES'
   times the input's size, with a `Nats-Msg-Id` header, and the consumer reads
   them all. Set-up (a2) publishes exactly those copies from the producers,
   with no relay and no raw hop, and fills the machine (server, producers
-  and consumer together at 160-185% of its 2 CPUs) at 0.72 of the bare
-  relay's rate in the run above (0.48-0.60 in earlier runs that day).
+  and consumer together at 160-185% of its 2 CPUs) at 0.85 of the bare
+  relay's rate in the run above (0.48-0.72 in earlier runs).
   No relay that publishes loopguard's copies can pass that here, so
   (c1)/(b) ≥ 0.9 is out of reach on this machine and workload, whatever
   loopguard costs.
-  (c1)/(a2), 0.57 above (0.64-0.71 in the earlier runs), says how close
+  (c1)/(a2), 0.57 above (0.57-0.71 in the earlier runs), says how close
   loopguard comes to the ceiling of its own output.
 - **CPU per message** counts everything the process does per ingress message
   at the common rate, including publishing ~1.8 copies with a `Nats-Msg-Id`
@@ -56,10 +56,10 @@ cat <<'NOTES'
   limits the bare relay costs about 1 µs a message and loopguard about 7-8.
   The ratio moves from run to run with both figures (bare relay 3.8-7.0 µs,
   loopguard 8.2-11.3): (c1)/(b) was 1.38-2.35 over the runs of 2026-11-21,
-  1.51 and 1.78 in the two with the conclusion prefilter below, and 1.69
-  and 1.58 with the release profile's LTO as well (the run above, and a
-  (b)+(c1) run after it). The two figures of the table are taken minutes
-  apart.
+  1.51 and 1.78 in the two with the conclusion prefilter below, 1.69
+  and 1.58 with the release profile's LTO as well, and 2.13 in the run
+  above (the bare relay's 5.00 µs is low for it). The two figures of the
+  table are taken minutes apart.
 - **Side by side.** So the section after the ratios runs (b) and (c1) at
   once, both subscribed to the same stream at the common rate: each step
   gives both figures from the same seconds. That ratio is steady where the
@@ -67,7 +67,11 @@ cat <<'NOTES'
   before the conclusion prefilter; 1.80-1.88 over four runs with it (each
   step 1.70-1.97); 1.65-1.74 over six runs once loopguard was built with
   the release profile's LTO (1.66-1.74 in the three with the bare relay
-  built the same way, 1.67 in the run above). Both processes cost more
+  built the same way). On 2026-11-21/22, with fewer allocations per
+  decision: 1.59-1.85 for the plain release build, and for the
+  profile-guided build 1.44-1.67 over eleven runs (median of the medians
+  1.52; 1.51 in the run above). Alternating the two builds three times
+  gave 1.70 / 1.56, 1.72 / 1.44 and 1.75 / 1.55. Both processes cost more
   than alone (the consumer reads both outputs, and they share the CPUs),
   so compare its ratio, not its absolute figures, with the table's.
 - **A noisy machine.** The same code ran at different speeds through
@@ -82,9 +86,20 @@ cat <<'NOTES'
   through serde_json, moka, aho-corasick and hashbrown; inlined across them,
   with its code laid out together, loopguard's CPU per message fell about
   10% side by side (above), and the single-decision tail below shrank.
+- **Profile-guided build.** Since 2026-11-22 loopguard here is the binary
+  `make release` builds and the image ships (`scripts/pgo.sh`): an
+  instrumented build runs this workload (core NATS, then a tenth as many
+  messages through JetStream) against a local nats-server, and the final
+  build is laid out and inlined for what it counted. Its CPU per message
+  is about a tenth lower than the plain release build's (7.5-8.8 against
+  8.8-10.0 µs side by side). It was trained on this benchmark's workload;
+  a deployment's traffic differs in its mix, but runs the same code paths
+  (parse, rules, routing, publish), which is what the profile orders. The
+  criterion benchmarks below are of the plain release build.
 - **What sets loopguard's sustained rate**: the machine. At the first
-  failing rate loopguard's one runtime thread is about 80% busy, the server
-  about 65% and the benchmark about 35%, so the 2 CPUs are full. A perf
+  failing rate loopguard's one runtime thread is about 70-80% busy, the
+  server about 65-75% and the benchmark about 35-40%, so the 2 CPUs are
+  full. A perf
   profile at 78-98k msg/s put about two thirds of loopguard's thread in
   the decision and about 15% in the NATS client's reads and writes. The
   largest single cost in the decision is moka's world lookup (about 13% of
@@ -92,6 +107,13 @@ cat <<'NOTES'
   That is why a decision costs more here than in the criterion benchmark
   below (10,000 worlds). A second runtime thread did not help on this
   2-CPU machine (tried before the workload fix, not since).
+- **Peak RSS** is sampled over the steps that passed, and each world's
+  history grows from step to step (remembered messages for parent lookups,
+  the duplicate window), so it depends on which steps passed: in the run
+  above (c1) passed its last steps, after about 21 messages per world
+  (590 MiB, about 5.9 KiB a world), where the run before passed none after
+  its fourth step, about 9 messages per world (292 MiB). Idle worlds are
+  measured on their own below.
 - **No drops**: loopguard counted no slow-consumer drop at its sustained rate.
 NOTES
 echo
@@ -125,7 +147,10 @@ cat <<'NOTES'
   of that upkeep is small (a few % of a decision); its tail is not.
 - **Instructions per decision**, counted by callgrind (repeatable where
   timings are not): 60,000 decisions over 10,000 worlds with the relay's
-  rules and approved events off cost 18.9k instructions each. The search
+  rules and approved events off cost 17.9k instructions each (18.9k before
+  the allocation cuts and the `sha1` crate of 2026-11-22; valgrind runs
+  SHA-1's portable code, so on the CPU, with its SHA extensions, the saving
+  is larger: a message key takes 51 ns instead of 90). The search
   for conclusion phrases (which every message gets: the conversation state
   reads it even with the `concluded` rule off) was 4.3k of the 22.6k before
   it first looks for the phrases' longest words with one vectorised search.
@@ -134,7 +159,9 @@ cat <<'NOTES'
   turn, gave means of 4.67 and 4.54 µs with it and 4.76 and 3.55 µs without
   (approved events off), against 3.34 µs that morning. The instruction
   count, not criterion's time, is what shows that change. The run above,
-  with LTO as well, gave 2.91 µs.
+  with LTO as well, gave 2.91 µs. The run above caught a slow stretch: the
+  mention parser, unchanged, took 123 ns on average (88-91 ns on calm
+  runs).
 - **loopguard's optional rules** (alternation, similar, low_content, budget,
   concluded; off by default and in the relay benchmark) are measured on
   their own line above, set so that they seldom reject: the approval share
