@@ -530,28 +530,16 @@ fn clock_ticks() -> u64 {
 /// Waits until a message sent through the set-up comes out.
 async fn until_ready(url: &str, setup: Setup) -> Result<(), Error> {
     let client = async_nats::connect(url).await?;
-    let mut out = client.subscribe("chat.public.ready").await?;
-    client.flush().await?;
-    let deadline = Instant::now() + Duration::from_secs(20);
     let subject = if setup.is_direct() {
         "chat.public.ready"
     } else {
         "chat.raw.ready.system.bench"
     };
-    loop {
-        client
-            .publish(subject, "{\"content\":\"ready?\"}".into())
-            .await?;
-        if tokio::time::timeout(Duration::from_millis(200), out.next())
-            .await
-            .is_ok()
-        {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!("{} never became ready", setup.label()).into());
-        }
+    let limit = Duration::from_secs(20);
+    if !workload::until_echoed(&client, subject, "chat.public.ready", 1, limit).await? {
+        return Err(format!("{} never became ready", setup.label()).into());
     }
+    Ok(())
 }
 
 struct Row {
@@ -699,28 +687,9 @@ async fn paired_cpu(url: &str, dir: &std::path::Path) -> Result<Vec<(f64, f64)>,
     let loopguard = Relay::start(Setup::LoopguardQuiet, url, dir)?.ok_or("no loopguard")?;
     // Both ready: a system message comes back twice, once from each.
     let client = async_nats::connect(url).await?;
-    let mut echoes = client.subscribe("chat.public.paired").await?;
-    client.flush().await?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        client
-            .publish(
-                "chat.raw.paired.system.bench",
-                "{\"content\":\"ready?\"}".into(),
-            )
-            .await?;
-        let mut seen = 0;
-        while let Ok(Some(_)) =
-            tokio::time::timeout(Duration::from_millis(200), echoes.next()).await
-        {
-            seen += 1;
-        }
-        if seen >= 2 {
-            break;
-        }
-        if Instant::now() > deadline {
-            return Err("the paired relays never both became ready".into());
-        }
+    let (subject, echo) = ("chat.raw.paired.system.bench", "chat.public.paired");
+    if !workload::until_echoed(&client, subject, echo, 2, Duration::from_secs(20)).await? {
+        return Err("the paired relays never both became ready".into());
     }
     let mut next = 0;
     send(url, Setup::LoopguardQuiet, WARM_UP_RATE, WORLDS, &mut next).await?;

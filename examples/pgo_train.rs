@@ -11,8 +11,6 @@
 
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-
 #[path = "../benches/shared/workload.rs"]
 mod workload;
 
@@ -30,23 +28,9 @@ async fn main() -> Result<(), Error> {
     }
     let client = async_nats::connect(url.as_str()).await?;
 
-    let mut echoes = client.subscribe("chat.public.pgo-train").await?;
-    client.flush().await?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        client
-            .publish(
-                "chat.raw.pgo-train.system.trainer",
-                "{\"content\":\"ready?\"}".into(),
-            )
-            .await?;
-        let answer = tokio::time::timeout(Duration::from_millis(200), echoes.next()).await;
-        if let Ok(Some(_)) = answer {
-            break;
-        }
-        if Instant::now() > deadline {
-            return Err("loopguard did not answer within 30 s".into());
-        }
+    let (subject, echo) = ("chat.raw.pgo-train.system.trainer", "chat.public.pgo-train");
+    if !workload::until_echoed(&client, subject, echo, 1, Duration::from_secs(30)).await? {
+        return Err("loopguard did not answer within 30 s".into());
     }
 
     // Open loop, in batches every millisecond.

@@ -5,6 +5,10 @@
 //! messages, agent messages that @mention the next agent, ~200-byte unique
 //! contents, and one agent message in ten repeating the previous one.
 
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+
 pub const WORLDS: u64 = 100_000;
 pub const AGENTS: u64 = 4;
 
@@ -49,4 +53,36 @@ pub fn message(seq: u64) -> (String, String, String, bool) {
         payload,
         approved,
     )
+}
+
+/// Publishes a `ready?` message to `subject` every 200 ms until `copies` of
+/// it came out on `echo` (one from each relay listening) in one round.
+/// False if that did not happen within `limit`.
+pub async fn until_echoed(
+    client: &async_nats::Client,
+    subject: &'static str,
+    echo: &'static str,
+    copies: usize,
+    limit: Duration,
+) -> Result<bool, Box<dyn std::error::Error + Send + Sync>> {
+    let mut echoes = client.subscribe(echo).await?;
+    client.flush().await?;
+    let deadline = Instant::now() + limit;
+    loop {
+        client
+            .publish(subject, "{\"content\":\"ready?\"}".into())
+            .await?;
+        let mut seen = 0;
+        while let Ok(Some(_)) =
+            tokio::time::timeout(Duration::from_millis(200), echoes.next()).await
+        {
+            seen += 1;
+            if seen >= copies {
+                return Ok(true);
+            }
+        }
+        if Instant::now() > deadline {
+            return Ok(false);
+        }
+    }
 }
