@@ -42,6 +42,7 @@ echo "pgo: 1/3 instrumented build"
 RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-generate=$out/run" \
     "$cargo" build --release --locked --bin loopguard --target-dir "$out/gen"
 "$cargo" build --release --locked --example pgo_train
+trainer=${CARGO_TARGET_DIR:-$root/target}/release/examples/pgo_train
 
 echo "pgo: 2/3 training: $messages messages at $rate/s, then a tenth as many through JetStream"
 pids=()
@@ -94,7 +95,7 @@ EOF
         "$out/gen/release/loopguard" --config "$out/run/train.toml" &
     local lg_pid=$!
     pids+=("$lg_pid")
-    "$root/target/release/examples/pgo_train" "$url" "$messages" "$rate"
+    "$trainer" "$url" "$messages" "$rate"
     sleep 2 # what is still queued is decided and published
     kill -TERM "$lg_pid"
     wait "$lg_pid" || { echo "pgo: the instrumented loopguard did not stop cleanly" >&2; exit 1; }
