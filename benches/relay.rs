@@ -354,12 +354,9 @@ impl Relay {
                     format!(
                         "[nats]\nurl = \"{url}\"\nsubscription_capacity = 1048576\n\
                          [http]\nlisten = \"127.0.0.1:{port}\"\n\
-                         [events]\napproved = {}\n[state]\nmax_worlds = 200000\n\
-                         [log]\nlevel = \"warn\"\n\
-                         [rules.turns]\nmax = 20\n[rules.depth]\nmax = 8\n\
-                         [rules.duplicate]\nwindow_seconds = 300\n[rules.cooldown]\nseconds = 1\n\
-                         [rules.rate]\nmax = 1000\nwindow_seconds = 60\n",
-                        setup == Setup::LoopguardEvents
+                         [events]\napproved = {}\n{}",
+                        setup == Setup::LoopguardEvents,
+                        include_str!("shared/loopguard.toml"),
                     ),
                 )?;
                 let child = Command::new(loopguard_bin())

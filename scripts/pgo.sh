@@ -75,22 +75,8 @@ storage = "memory"
 listen = "127.0.0.1:0"
 [events]
 approved = true
-[state]
-max_worlds = 200000
-[log]
-level = "warn"
-[rules.turns]
-max = 20
-[rules.depth]
-max = 8
-[rules.duplicate]
-window_seconds = 300
-[rules.cooldown]
-seconds = 1
-[rules.rate]
-max = 1000
-window_seconds = 60
 EOF
+    cat benches/shared/loopguard.toml >>"$out/run/train.toml"
     LLVM_PROFILE_FILE="$out/train/loopguard-%p.profraw" \
         "$out/gen/release/loopguard" --config "$out/run/train.toml" &
     local lg_pid=$!
