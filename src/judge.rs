@@ -14,6 +14,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use serde::Serialize;
 use serde_json::{Map, Value};
+use smol_str::SmolStr;
 
 use crate::clock::{rfc3339, Clock};
 use crate::config::{FailMode, Mode, Settings};
@@ -51,7 +52,7 @@ pub struct Decision {
     pub kind: Option<SenderKind>,
     /// The sender's canonical name (shared with the subject's, not copied),
     /// or the defused token of an invalid one.
-    pub sender: Arc<str>,
+    pub sender: SmolStr,
     pub id: String,
     pub outcome: Outcome,
     pub rule: Option<RuleName>,
@@ -75,7 +76,7 @@ impl Decision {
     fn rejected(
         origin_world: Option<Name>,
         kind: Option<SenderKind>,
-        sender: Arc<str>,
+        sender: SmolStr,
         id: String,
         rule: RuleName,
         reason: impl Into<Cow<'static, str>>,
