@@ -69,7 +69,7 @@ pub fn report(
         .u32("depth", d.depth)
         .u32("turn", d.turn)
         .strs("delivered_to", &d.delivered_to)
-        .str("observed_at", &d.observed_at);
+        .str("observed_at", d.observed_at.as_str());
     if let Some(rule) = d.would_reject {
         event.str("would_reject", rule.as_str());
     }

@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use smol_str::SmolStr;
 
-use crate::clock::{rfc3339, Clock};
+use crate::clock::{rfc3339, Clock, Rfc3339};
 use crate::config::{FailMode, Mode, Settings};
 use crate::envelope::{self, EnvelopeError};
 use crate::events;
@@ -69,7 +69,7 @@ pub struct Decision {
     /// Set when the policy hook must be asked before this decision is final
     /// (see `finish`); not yet reported.
     pub policy: Option<PolicyCheck>,
-    pub observed_at: String,
+    pub observed_at: Rfc3339,
 }
 
 impl Decision {
@@ -80,7 +80,7 @@ impl Decision {
         id: String,
         rule: RuleName,
         reason: impl Into<Cow<'static, str>>,
-        observed_at: String,
+        observed_at: Rfc3339,
     ) -> Decision {
         Decision {
             world: origin_world,
@@ -121,7 +121,9 @@ struct Effects {
     turn: Option<u32>,
     /// Content words for `similar` (none for an edited pass).
     words: Option<Vec<u64>>,
-    id: String,
+    /// The id as the world remembers it: a thread's first message shares
+    /// its thread's string.
+    id: Arc<str>,
     lineage: Lineage,
     content_hash: u64,
     now: Instant,
@@ -354,7 +356,11 @@ impl Judge {
                 world,
                 kind,
                 sender,
-            } => self.decide_raw(&settings, world, kind, sender, payload, fallback_id),
+            } => {
+                // The decision's own clock reading serves the rules too.
+                let now = self.clock.now_at(started);
+                self.decide_raw(&settings, world, kind, sender, payload, fallback_id, now)
+            }
         };
         self.metrics
             .decision_duration
@@ -435,10 +441,12 @@ impl Judge {
         })
     }
 
-    fn observed_at(&self) -> String {
+    fn observed_at(&self) -> Rfc3339 {
         rfc3339(self.clock.wall())
     }
 
+    // The subject's three parts, the message's two and the time.
+    #[allow(clippy::too_many_arguments)]
     fn decide_raw(
         &self,
         settings: &Arc<Settings>,
@@ -447,6 +455,7 @@ impl Judge {
         sender: Name,
         payload: &[u8],
         fallback_id: Option<&str>,
+        now: Instant,
     ) -> Decision {
         let config = &settings.config;
         let received_at = self.observed_at();
@@ -474,7 +483,6 @@ impl Judge {
         env.fields
             .retain(|key, _| !EGRESS_KEYS.contains(&key.as_str()));
 
-        let now = self.clock.now();
         let ws = settings.world(&world);
         let handle = self.worlds.get_or_create(&world, ws, now);
         let mut w = state::lock(&handle);
@@ -576,10 +584,15 @@ impl Judge {
         } else {
             (content_hash, concludes)
         };
+        let id = if *lineage.thread_id == *d.id {
+            lineage.thread_id.clone()
+        } else {
+            Arc::from(d.id.as_str())
+        };
         let effects = Effects {
             turn: is_agent.then_some(d.turn),
             words: (d.outcome != Outcome::Edited).then_some(words),
-            id: d.id.clone(),
+            id,
             lineage,
             content_hash,
             now,
@@ -667,7 +680,7 @@ impl Judge {
                 depth: 0,
                 mentions: &[],
                 visibility: Visibility::Public.as_str(),
-                received_at: &d.observed_at,
+                received_at: d.observed_at.as_str(),
                 reason: Some(Handoff::TurnLimit.as_str()),
             };
             d.outbound.push(Outbound {
@@ -701,7 +714,7 @@ impl Judge {
             depth: lineage.depth,
             mentions: &route.mentions,
             visibility: route.visibility.as_str(),
-            received_at: &d.observed_at,
+            received_at: d.observed_at.as_str(),
             reason: None,
         }
         .to_json();

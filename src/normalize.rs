@@ -10,6 +10,8 @@
 //! normalising once. The result is idempotent: `normalize(normalize(x)) ==
 //! normalize(x)`.
 
+use std::sync::LazyLock;
+
 /// The normalised form of `content`.
 pub fn normalize(content: &str) -> String {
     let mut out = String::with_capacity(content.len());
@@ -78,11 +80,13 @@ fn is_tidy(text: &[u8]) -> bool {
     let controls = text
         .iter()
         .fold(false, |found, &b| found | is_control_space(b));
-    !controls
-        && !text.is_empty()
-        && !text.ends_with(b" ")
-        && memchr::memmem::find(text, b"  ").is_none()
+    !controls && !text.is_empty() && !text.ends_with(b" ") && DOUBLE_SPACE.find(text).is_none()
 }
+
+/// The search for two spaces, built once: `memmem::find` builds its
+/// searcher on every call, which cost more than the search of a message.
+static DOUBLE_SPACE: LazyLock<memchr::memmem::Finder<'static>> =
+    LazyLock::new(|| memchr::memmem::Finder::new(b"  "));
 
 /// The substance of `content`: its normalised form with everything but
 /// letters and digits removed and spaces collapsed, "@bob Sounds good!! 👍"

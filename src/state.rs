@@ -465,10 +465,10 @@ impl WorldState {
                 Some((id, its_thread))
             });
             // A message that starts a thread names it: one string for both.
-            let id: Arc<str> = if *approved.lineage.thread_id == *approved.id {
+            let id = if *approved.lineage.thread_id == **approved.id {
                 approved.lineage.thread_id.clone()
             } else {
-                Arc::from(approved.id)
+                approved.id.clone()
             };
             if self
                 .messages
@@ -905,7 +905,7 @@ impl WorldState {
 
 /// An approved message as [`WorldState::record_approved`] needs it.
 pub struct Approved<'a> {
-    pub id: &'a str,
+    pub id: &'a Arc<str>,
     pub lineage: &'a Lineage,
     pub content_hash: u64,
     pub now: Instant,
@@ -1018,7 +1018,7 @@ mod tests {
 
     fn approve(w: &mut WorldState, id: &str, lineage: &Lineage, now: Instant) {
         w.record_approved(Approved {
-            id,
+            id: &Arc::from(id),
             lineage,
             content_hash: 0,
             now,
@@ -1166,7 +1166,7 @@ mod tests {
             let agent = name(who);
             let l = w.lineage(id, None, None, true);
             w.record_approved(Approved {
-                id,
+                id: &Arc::from(id),
                 lineage: &l,
                 content_hash: 0,
                 now: t0,
@@ -1196,7 +1196,7 @@ mod tests {
         for i in 0..600u64 {
             let now = t0 + Duration::from_secs(i);
             w.record_approved(Approved {
-                id: &format!("m{i}"),
+                id: &Arc::from(format!("m{i}")),
                 lineage: &l,
                 content_hash: i,
                 now,
@@ -1345,7 +1345,7 @@ mod tests {
         let (mut w, t0) = world(&[]);
         let l = w.lineage("m", None, None, false);
         w.record_approved(Approved {
-            id: "m",
+            id: &Arc::from("m"),
             lineage: &l,
             content_hash: 7,
             now: t0,

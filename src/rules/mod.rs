@@ -248,7 +248,7 @@ pub(crate) mod testing {
             let keep = self.limits.rate.max as usize;
             let now = self.at(secs);
             self.world.record_approved(Approved {
-                id: &id,
+                id: &Arc::from(id),
                 lineage: &lineage,
                 content_hash,
                 now,
