@@ -2,7 +2,9 @@
 //! parse, envelope, every rule, routing, serialisation of every copy and the
 //! event), and the mention parser. The decision benchmark also times 200,000
 //! single decisions and prints their percentiles, since the target is a p99:
-//! a world's first message (which creates its state) apart from the rest.
+//! a world's first message (which creates its state) apart from the rest,
+//! and then the same decisions with the world cache's upkeep between them,
+//! as a worker below saturation does it when its queue runs empty.
 //!
 //!   cargo bench --bench decision
 
@@ -102,17 +104,8 @@ fn decision(c: &mut Criterion) {
     // Percentiles of single decisions, on a fresh judge and fresh inputs:
     // the first message of each world (which creates the world's state)
     // apart from the later ones (the steady state of a long-running sidecar).
-    let judge = new_judge(true, false);
     let inputs = inputs(WORLDS + 200_000);
-    let times: Vec<u64> = inputs
-        .iter()
-        .map(|(subject, payload)| {
-            let start = Instant::now();
-            let origin = judge.subjects().parse(subject);
-            std::hint::black_box(judge.decide(origin, payload, None));
-            start.elapsed().as_nanos() as u64
-        })
-        .collect();
+    let times = single_decisions(&inputs, false);
     let (first, later) = times.split_at(WORLDS);
     // How many later decisions took over 8 µs, and how many of those came
     // exactly 64 decisions after the previous one: moka applies its log of
@@ -129,6 +122,10 @@ fn decision(c: &mut Criterion) {
         .filter(|&i| !is_human(i))
         .map(|i| later[i])
         .collect();
+    // The same decisions with the world cache's upkeep done between them,
+    // untimed, as a worker does when its queue runs empty (below
+    // saturation): no decision then applies moka's log itself.
+    let idle = single_decisions(&inputs, true);
     for (what, times) in [
         ("first message of a world", first),
         ("later messages, all events on", later),
@@ -136,6 +133,10 @@ fn decision(c: &mut Criterion) {
         (
             "later human messages (a broadcast to 4 inboxes)",
             &human[..],
+        ),
+        (
+            "later messages, the cache's upkeep between them",
+            &idle[WORLDS..],
         ),
     ] {
         let mut times = times.to_vec();
@@ -158,6 +159,26 @@ fn decision(c: &mut Criterion) {
         later.len(),
         slow.len() as f64 * 100.0 / later.len() as f64
     );
+}
+
+/// The time of each decision of `inputs`, in order, on a fresh judge with
+/// every event on; with `upkeep`, the world cache's upkeep runs (untimed)
+/// after each one.
+fn single_decisions(inputs: &[(String, Vec<u8>)], upkeep: bool) -> Vec<u64> {
+    let judge = new_judge(true, false);
+    inputs
+        .iter()
+        .map(|(subject, payload)| {
+            let start = Instant::now();
+            let origin = judge.subjects().parse(subject);
+            std::hint::black_box(judge.decide(origin, payload, None));
+            let took = start.elapsed().as_nanos() as u64;
+            if upkeep {
+                judge.upkeep();
+            }
+            took
+        })
+        .collect()
 }
 
 fn mentions(c: &mut Criterion) {

@@ -301,6 +301,12 @@ impl Judge {
         restart
     }
 
+    /// The world cache's upkeep, for a moment with nothing to decide (see
+    /// [`Worlds::upkeep`]).
+    pub fn upkeep(&self) {
+        self.worlds.upkeep();
+    }
+
     pub fn worlds(&self) -> &Worlds {
         &self.worlds
     }

@@ -124,8 +124,11 @@ impl Worker {
             let work = match rx.try_recv() {
                 Ok(work) => work,
                 Err(mpsc::error::TryRecvError::Empty) => {
-                    // Idle: make what was published durable before waiting.
+                    // Idle: make what was published durable before waiting,
+                    // and do the world cache's upkeep now rather than in the
+                    // middle of a later message.
                     self.settle_acks().await;
+                    self.judge.upkeep();
                     match rx.recv().await {
                         Some(work) => work,
                         None => break,
