@@ -318,6 +318,10 @@ async fn connect(settings: &Settings, metrics: &Metrics) -> Result<async_nats::C
     let m = metrics.clone();
     let options = async_nats::ConnectOptions::new()
         .name("loopguard")
+        // Every subject loopguard publishes to is built from names and a
+        // prefix validated long before (names.rs, config.rs), so the
+        // client's scan of each one for whitespace can go.
+        .skip_subject_validation(true)
         .retry_on_initial_connect()
         .max_reconnects(None)
         .subscription_capacity(config.nats.subscription_capacity)

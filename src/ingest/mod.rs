@@ -54,7 +54,7 @@ pub struct Work {
 pub struct Dispatcher {
     subjects: Subjects,
     workers: Vec<mpsc::Sender<Work>>,
-    hasher: std::collections::hash_map::RandomState,
+    hasher: foldhash::fast::RandomState,
 }
 
 impl Dispatcher {
