@@ -10,7 +10,8 @@
 //!   producers and consumer fill it), which no relay emitting those copies
 //!   could pass here;
 //! - (b) bare relay: `examples/bare_relay.rs`, subscribe `chat.raw.>` and
-//!   republish each payload unchanged — the floor any relay pays;
+//!   republish each payload unchanged, on one runtime thread as loopguard
+//!   runs by default — the floor any relay pays;
 //! - (c1) loopguard, `events.approved = false`, every rule of the contract
 //!   on (pass, turns, depth, duplicate, cooldown, rate); the rules loopguard
 //!   adds (alternation, similar, low_content, budget, concluded) are off, as
