@@ -42,24 +42,39 @@ cat <<'NOTES'
   times the input's size, with a `Nats-Msg-Id` header, and the consumer reads
   them all. Set-up (a2) publishes exactly those copies from the producers,
   with no relay and no raw hop, and fills the machine (server, producers
-  and consumer together at 160-185% of its 2 CPUs) at 0.85 of the bare
-  relay's rate in the run above (0.48-0.72 in earlier runs).
+  and consumer together at 140-185% of its 2 CPUs) at 0.61 of the bare
+  relay's rate in the run above (0.48-0.85 in earlier runs, against the
+  bare relay on several threads: see the next point).
   No relay that publishes loopguard's copies can pass that here, so
   (c1)/(b) ≥ 0.9 is out of reach on this machine and workload, whatever
-  loopguard costs.
-  (c1)/(a2), 0.57 above (0.57-0.71 in the earlier runs), says how close
+  loopguard costs, and (c2)/(b) ≥ 0.6 is at that ceiling.
+  (c1)/(a2), 0.76 above (0.57-0.71 in the earlier runs), says how close
   loopguard comes to the ceiling of its own output.
+- **The bare relay runs on one runtime thread** (since 2026-11-22), as
+  loopguard does by default (`runtime.threads = 1`). Before, it ran on
+  `#[tokio::main]`'s multi-threaded runtime, whose hand-offs between
+  threads cost more than the relaying: side by side at 20k msg/s it cost
+  5.3-6.0 µs of CPU per message there and 2.2-2.8 µs on one thread, while
+  loopguard cost 7.3-9.2 µs either way, and its sustained rate rose from
+  about 190k to about 300k msg/s. Every (c1)/(b) figure dated before this
+  change was against the slower baseline (CPU ratios of 1.38-2.35 in the
+  table and 1.44-1.97 side by side, below); against the fair one the
+  loopguard of that day measures 3.2-3.8, and the rate ratios fell with
+  the higher baseline too.
 - **CPU per message** counts everything the process does per ingress message
   at the common rate, including publishing ~1.8 copies with a `Nats-Msg-Id`
   header each (the relay: one copy, no header) and the wake-ups of each
-  hand-off. At 20k msg/s the wake-ups are a large share for both; at their
-  limits the bare relay costs about 1 µs a message and loopguard about 7-8.
-  The ratio moves from run to run with both figures (bare relay 3.8-7.0 µs,
-  loopguard 8.2-11.3): (c1)/(b) was 1.38-2.35 over the runs of 2026-11-21,
+  hand-off. In the run above the bare relay cost 2.0 µs a message and
+  loopguard 7.5: loopguard's decision alone (about half its CPU in a perf
+  profile, most of it memory the 100,000 worlds keep out of the CPU
+  caches: the world lookup is about a third of it) costs more than the
+  whole bare relay, so at 20k msg/s (c1)/(b) is 3.2-3.8, not ≤ 1.5. Against
+  the old, multi-threaded baseline (bare relay 3.8-7.0 µs, loopguard
+  8.2-11.3) the table's ratio was 1.38-2.35 over the runs of 2026-11-21,
   1.51 and 1.78 in the two with the conclusion prefilter below, 1.69
-  and 1.58 with the release profile's LTO as well, and 2.13 in the run
-  above (the bare relay's 5.00 µs is low for it). The two figures of the
-  table are taken minutes apart.
+  and 1.58 with the release profile's LTO as well, and 2.13 in the last
+  run before the change (the bare relay's 5.00 µs was low for it). The
+  two figures of the table are taken minutes apart.
 - **Side by side.** So the section after the ratios runs (b) and (c1) at
   once, both subscribed to the same stream at the common rate: each step
   gives both figures from the same seconds. That ratio is steady where the
@@ -70,17 +85,19 @@ cat <<'NOTES'
   built the same way). On 2026-11-21/22, with fewer allocations per
   decision: 1.59-1.85 for the plain release build, and for the
   profile-guided build 1.44-1.67 over eleven runs (median of the medians
-  1.52; 1.51 in the run above). Alternating the two builds three times
-  gave 1.70 / 1.56, 1.72 / 1.44 and 1.75 / 1.55. Both processes cost more
+  1.52). Alternating the two builds three times gave 1.70 / 1.56,
+  1.72 / 1.44 and 1.75 / 1.55. All of those were against the bare relay
+  on several threads; against the one-thread baseline, three runs gave
+  medians of 3.19-3.38 and the run above 3.17. Both processes cost more
   than alone (the consumer reads both outputs, and they share the CPUs),
   so compare its ratio, not its absolute figures, with the table's.
 - **A noisy machine.** The same code ran at different speeds through
   2026-11-21: (a) sustained 727k msg/s in the morning and 419-524k in the
   evening; the mention parser, unchanged, took 91 ns, then 137-167 ns, then
-  91 ns again. In the run above, (c1)'s latency at 20k msg/s (p99 13 ms,
-  p99.9 37 ms) caught such a stretch: a (b)+(c1) run minutes later measured
-  1.48 / 1.95 ms for (c1) and 1.14 / 2.02 ms for (b). Ratios within one run
-  compare; absolute figures across runs do not.
+  91 ns again. In one run of 2026-11-21, (c1)'s latency at 20k msg/s (p99
+  13 ms, p99.9 37 ms) caught such a stretch: a (b)+(c1) run minutes later
+  measured 1.48 / 1.95 ms for (c1) and 1.14 / 2.02 ms for (b). Ratios
+  within one run compare; absolute figures across runs do not.
 - **Release profile.** Since 2026-11-21 the release profile, which the
   benchmarks inherit, uses fat LTO and one codegen unit. A decision runs
   through serde_json, moka, aho-corasick and hashbrown; inlined across them,
@@ -110,10 +127,11 @@ cat <<'NOTES'
 - **Peak RSS** is sampled over the steps that passed, and each world's
   history grows from step to step (remembered messages for parent lookups,
   the duplicate window), so it depends on which steps passed: in the run
-  above (c1) passed its last steps, after about 21 messages per world
-  (590 MiB, about 5.9 KiB a world), where the run before passed none after
-  its fourth step, about 9 messages per world (292 MiB). Idle worlds are
-  measured on their own below.
+  above (c1)'s last pass came after about 24 messages per world (602 MiB,
+  about 6 KiB a world) and (c2)'s, its final step, after about 45 (1068
+  MiB, about 11 KiB); in an earlier run (c1) passed none after its fourth
+  step, about 9 messages per world (292 MiB). Idle worlds are measured on
+  their own below.
 - **No drops**: loopguard counted no slow-consumer drop at its sustained rate.
 NOTES
 echo
@@ -140,17 +158,26 @@ echo
 cat <<'NOTES'
 - **What sets the single-decision p99**: moka. Every 64th world lookup
   applies the cache's log of the last 64 reads (its LRU order and idle
-  expiry) on the thread that made it, and that decision takes 10-30 µs.
-  Before LTO those were most of the decisions over 8 µs (1.4-1.8% of
-  later decisions, three quarters of them 64 apart); with it, 0.38% of
-  decisions take over 8 µs and a third of those are 64 apart. The mean cost
-  of that upkeep is small (a few % of a decision); its tail is not.
+  expiry) on the thread that made it: 64 list updates in memory mostly out
+  of the CPU caches, which made that decision 4-8 µs slower (1 in 64 is
+  1.6% of decisions, so it alone sets the p99). Since 2026-11-22 a worker
+  whose queue runs empty applies the log itself once 32 lookups have built
+  up (`Judge::upkeep`), so below saturation no message waits for it; at
+  saturation moka still does it inline. The benchmark times the same
+  decisions both ways: back to back (the saturated case) and with the
+  upkeep between them, untimed (a worker below saturation). In the run
+  above: p99 5.32 and 4.23 µs. The mean cost of the upkeep is small (a few
+  % of a decision) and the same either way.
 - **Instructions per decision**, counted by callgrind (repeatable where
   timings are not): 60,000 decisions over 10,000 worlds with the relay's
-  rules and approved events off cost 17.9k instructions each (18.9k before
+  rules and approved events off cost 18.0k instructions each (18.9k before
   the allocation cuts and the `sha1` crate of 2026-11-22; valgrind runs
   SHA-1's portable code, so on the CPU, with its SHA extensions, the saving
-  is larger: a message key takes 51 ns instead of 90). The search
+  is larger: a message key takes 51 ns instead of 90). Names held inline
+  (smol_str) added about 3% of instructions and saved two allocations a
+  decision and 48 bytes an idle world; a search built once rather than per
+  call, one clock read and two allocations fewer took 2% off again: four
+  allocations a decision fewer in all. The search
   for conclusion phrases (which every message gets: the conversation state
   reads it even with the `concluded` rule off) was 4.3k of the 22.6k before
   it first looks for the phrases' longest words with one vectorised search.
@@ -158,10 +185,10 @@ cat <<'NOTES'
   2026-11-21. Builds with and without that prefilter (before LTO), run in
   turn, gave means of 4.67 and 4.54 µs with it and 4.76 and 3.55 µs without
   (approved events off), against 3.34 µs that morning. The instruction
-  count, not criterion's time, is what shows that change. The run above,
-  with LTO as well, gave 2.91 µs. The run above caught a slow stretch: the
-  mention parser, unchanged, took 123 ns on average (88-91 ns on calm
-  runs).
+  count, not criterion's time, is what shows that change. A run of
+  2026-11-22 caught a slow stretch (the mention parser, unchanged, took
+  158 ns on average; 82-91 ns on calm runs) and gave 4.31 µs; the run
+  above, a calm one, 2.36 µs.
 - **loopguard's optional rules** (alternation, similar, low_content, budget,
   concluded; off by default and in the relay benchmark) are measured on
   their own line above, set so that they seldom reject: the approval share
