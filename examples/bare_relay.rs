@@ -23,6 +23,8 @@ async fn main() -> Result<(), async_nats::Error> {
         .unwrap_or_else(|| "nats://127.0.0.1:4222".into());
     let client = async_nats::ConnectOptions::new()
         .subscription_capacity(1 << 20)
+        // As loopguard: no scan of each publish subject for whitespace.
+        .skip_subject_validation(true)
         .connect(url)
         .await?;
     let mut raw = client.subscribe("chat.raw.>").await?;

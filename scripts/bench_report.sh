@@ -43,12 +43,12 @@ cat <<'NOTES'
   them all. Set-up (a2) publishes exactly those copies from the producers,
   with no relay and no raw hop, and fills the machine (server, producers
   and consumer together at 140-185% of its 2 CPUs) at 0.61 of the bare
-  relay's rate in the run above (0.48-0.85 in earlier runs, against the
+  relay's rate in the run of 2026-11-22 01:35 UTC (0.48-0.85 in earlier runs, against the
   bare relay on several threads: see the next point).
   No relay that publishes loopguard's copies can pass that here, so
   (c1)/(b) ≥ 0.9 is out of reach on this machine and workload, whatever
   loopguard costs, and (c2)/(b) ≥ 0.6 is at that ceiling.
-  (c1)/(a2), 0.76 above (0.57-0.71 in the earlier runs), says how close
+  (c1)/(a2), 0.76 in that run (0.57-0.71 in the earlier ones), says how close
   loopguard comes to the ceiling of its own output.
 - **The bare relay runs on one runtime thread** (since 2026-11-22), as
   loopguard does by default (`runtime.threads = 1`). Before, it ran on
@@ -64,7 +64,7 @@ cat <<'NOTES'
 - **CPU per message** counts everything the process does per ingress message
   at the common rate, including publishing ~1.8 copies with a `Nats-Msg-Id`
   header each (the relay: one copy, no header) and the wake-ups of each
-  hand-off. In the run above the bare relay cost 2.0 µs a message and
+  hand-off. In the run of 2026-11-22 01:35 UTC the bare relay cost 2.0 µs a message and
   loopguard 7.5: loopguard's decision alone (about half its CPU in a perf
   profile, most of it memory the 100,000 worlds keep out of the CPU
   caches: the world lookup is about a third of it) costs more than the
@@ -88,9 +88,10 @@ cat <<'NOTES'
   1.52). Alternating the two builds three times gave 1.70 / 1.56,
   1.72 / 1.44 and 1.75 / 1.55. All of those were against the bare relay
   on several threads; against the one-thread baseline, three runs gave
-  medians of 3.19-3.38 and the run above 3.17. Both processes cost more
-  than alone (the consumer reads both outputs, and they share the CPUs),
-  so compare its ratio, not its absolute figures, with the table's.
+  medians of 3.19-3.38 and the run of 01:35 UTC 3.17. Each process's
+  figures differ from the table's (they share the CPUs, the consumer reads
+  both outputs, and the table's steps are minutes apart), so compare the
+  ratio, not the absolute figures, with the table's.
 - **A noisy machine.** The same code ran at different speeds through
   2026-11-21: (a) sustained 727k msg/s in the morning and 419-524k in the
   evening; the mention parser, unchanged, took 91 ns, then 137-167 ns, then
@@ -158,16 +159,18 @@ echo
 cat <<'NOTES'
 - **What sets the single-decision p99**: moka. Every 64th world lookup
   applies the cache's log of the last 64 reads (its LRU order and idle
-  expiry) on the thread that made it: 64 list updates in memory mostly out
-  of the CPU caches, which made that decision 4-8 µs slower (1 in 64 is
-  1.6% of decisions, so it alone sets the p99). Since 2026-11-22 a worker
-  whose queue runs empty applies the log itself once 32 lookups have built
-  up (`Judge::upkeep`), so below saturation no message waits for it; at
-  saturation moka still does it inline. The benchmark times the same
-  decisions both ways: back to back (the saturated case) and with the
-  upkeep between them, untimed (a worker below saturation). In the run
-  above: p99 5.32 and 4.23 µs. The mean cost of the upkeep is small (a few
-  % of a decision) and the same either way.
+  expiry) on the thread that made it (or on the first lookup 300 ms after
+  its last upkeep): 64 list updates in memory mostly out of the CPU
+  caches, which made that decision 4-8 µs slower (1 in 64 is 1.6% of
+  decisions, so it alone sets the p99). Since 2026-11-22, when no worker
+  has a message queued, a worker applies the log itself once 32 lookups
+  have built up or 200 ms have passed (`Judge::upkeep`), so below
+  saturation the upkeep is out of the decisions; at saturation moka still
+  does it inside one. The benchmark times the same decisions both ways:
+  back to back (the saturated case) and with the upkeep between them,
+  untimed (a worker below saturation). In the run of 2026-11-22 01:35 UTC: p99 5.32 and
+  4.23 µs. The mean cost of the upkeep is small (a few % of a decision)
+  and the same either way.
 - **Instructions per decision**, counted by callgrind (repeatable where
   timings are not): 60,000 decisions over 10,000 worlds with the relay's
   rules and approved events off cost 18.0k instructions each (18.9k before
@@ -187,8 +190,8 @@ cat <<'NOTES'
   (approved events off), against 3.34 µs that morning. The instruction
   count, not criterion's time, is what shows that change. A run of
   2026-11-22 caught a slow stretch (the mention parser, unchanged, took
-  158 ns on average; 82-91 ns on calm runs) and gave 4.31 µs; the run
-  above, a calm one, 2.36 µs.
+  158 ns on average; 82-91 ns on calm runs) and gave 4.31 µs; the run of
+  01:35 UTC, a calm one, 2.36 µs.
 - **loopguard's optional rules** (alternation, similar, low_content, budget,
   concluded; off by default and in the relay benchmark) are measured on
   their own line above, set so that they seldom reject: the approval share

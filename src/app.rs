@@ -318,9 +318,12 @@ async fn connect(settings: &Settings, metrics: &Metrics) -> Result<async_nats::C
     let m = metrics.clone();
     let options = async_nats::ConnectOptions::new()
         .name("loopguard")
-        // Every subject loopguard publishes to is built from names and a
-        // prefix validated long before (names.rs, config.rs), so the
-        // client's scan of each one for whitespace can go.
+        // Every subject loopguard publishes or sends a request to is built
+        // from names and a prefix validated long before (names.rs,
+        // config.rs), is a policy subject validated with the configuration,
+        // or is a reply subject the server gave (JetStream acknowledgements),
+        // so the client's scan of each one for whitespace can go (publish.rs
+        // still checks, in debug builds). Subscriptions are always checked.
         .skip_subject_validation(true)
         .retry_on_initial_connect()
         .max_reconnects(None)

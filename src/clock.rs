@@ -9,10 +9,10 @@ pub trait Clock: Send + Sync + 'static {
     /// Monotonic time, for windows and cooldowns.
     fn now(&self) -> Instant;
     /// Monotonic time, when the caller has just read the machine's own
-    /// clock (`machine`) for another purpose: the system clock answers with
-    /// that reading rather than take a second one.
-    fn now_at(&self, machine: Instant) -> Instant {
-        let _ = machine;
+    /// clock (`machine`, a message's arrival at the judge) for another
+    /// purpose: the system clock answers with that reading rather than take
+    /// a second one.
+    fn now_at(&self, _machine: Instant) -> Instant {
         self.now()
     }
     /// Wall-clock time, for `received_at` and `observed_at`.
@@ -47,6 +47,7 @@ pub struct Rfc3339([u8; 24]);
 impl Rfc3339 {
     pub fn as_str(&self) -> &str {
         // Only ASCII is ever written into it: this cannot fail.
+        debug_assert!(self.0.is_ascii());
         std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }
@@ -82,6 +83,7 @@ pub fn rfc3339(t: SystemTime) -> Rfc3339 {
             let whole = UNIX_EPOCH + Duration::from_secs(since.as_secs());
             let formatted = humantime::format_rfc3339_seconds(whole).to_string();
             // `YYYY-MM-DDTHH:MM:SSZ` for every year in range.
+            debug_assert_eq!(formatted.len(), 20, "{formatted}");
             if let Some(prefix) = formatted.as_bytes().get(..19) {
                 text.copy_from_slice(prefix);
             }

@@ -50,8 +50,7 @@ pub struct Outbound {
 pub struct Decision {
     pub world: Option<Name>,
     pub kind: Option<SenderKind>,
-    /// The sender's canonical name (shared with the subject's, not copied),
-    /// or the defused token of an invalid one.
+    /// The sender's canonical name, or the defused token of an invalid one.
     pub sender: SmolStr,
     pub id: String,
     pub outcome: Outcome,

@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use smol_str::SmolStr;
+use smol_str::{SmolStr, StrExt};
 
 /// Longest name accepted, in bytes (all accepted characters are ASCII).
 pub const MAX_NAME_LEN: usize = 64;
@@ -47,7 +47,7 @@ impl Name {
             return Err(NameError::BadChar);
         }
         if raw.bytes().any(|b| b.is_ascii_uppercase()) {
-            Ok(Name(SmolStr::new(raw.to_ascii_lowercase())))
+            Ok(Name(raw.to_ascii_lowercase_smolstr()))
         } else {
             Ok(Name(SmolStr::new(raw)))
         }

@@ -21,6 +21,12 @@ impl Publisher {
     /// Publishes one message. A failure is counted, logged (rate-limited)
     /// and returned; the caller goes on with the next message.
     pub async fn send(&self, out: Outbound) -> Result<(), async_nats::PublishError> {
+        // The client does not check (see `skip_subject_validation` in app.rs).
+        debug_assert!(
+            !out.subject.is_empty() && !out.subject.contains([' ', '\t', '\r', '\n']),
+            "unsafe subject {:?}",
+            out.subject
+        );
         let result = match out.msg_id {
             Some(id) => {
                 let mut headers = HeaderMap::new();

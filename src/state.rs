@@ -10,7 +10,7 @@
 //! so the admin API never sees or changes a world half-way through one.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -465,12 +465,7 @@ impl WorldState {
                 let its_thread = self.messages.get(&id)?.thread_id.clone();
                 Some((id, its_thread))
             });
-            // A message that starts a thread names it: one string for both.
-            let id = if *approved.lineage.thread_id == **approved.id {
-                approved.lineage.thread_id.clone()
-            } else {
-                approved.id.clone()
-            };
+            let id = approved.id.clone();
             if self
                 .messages
                 .insert(
@@ -906,6 +901,8 @@ impl WorldState {
 
 /// An approved message as [`WorldState::record_approved`] needs it.
 pub struct Approved<'a> {
+    /// The id as the world keeps it. A message that starts a thread names
+    /// it, so the judge passes the thread's own string: one for both.
     pub id: &'a Arc<str>,
     pub lineage: &'a Lineage,
     pub content_hash: u64,
@@ -938,13 +935,27 @@ pub struct Worlds {
     /// own work.
     cache: moka::sync::Cache<Name, WorldHandle, foldhash::quality::RandomState>,
     idle: Duration,
-    /// World lookups since the cache's last upkeep by [`Worlds::upkeep`].
-    since_upkeep: Arc<AtomicU32>,
+    upkeep: Arc<Upkeep>,
+}
+
+/// What [`Worlds::upkeep`] goes by.
+#[derive(Debug)]
+struct Upkeep {
+    /// World lookups since the last upkeep.
+    lookups: AtomicU32,
+    /// When the last upkeep ran, in milliseconds after `start`.
+    at: AtomicU64,
+    start: Instant,
 }
 
 /// Lookups after which [`Worlds::upkeep`] applies the cache's log: half of
 /// the 64 at which moka applies it itself, inside a lookup.
 const UPKEEP_AFTER: u32 = 32;
+
+/// Time after which [`Worlds::upkeep`] applies the cache's log however few
+/// lookups it holds: moka applies it itself, inside a lookup, 300 ms after
+/// its last upkeep, so at a low rate this comes first.
+const UPKEEP_EVERY: Duration = Duration::from_millis(200);
 
 impl Worlds {
     /// Bounds come from `settings` once: they are not reloadable.
@@ -966,7 +977,11 @@ impl Worlds {
         Worlds {
             cache,
             idle,
-            since_upkeep: Arc::default(),
+            upkeep: Arc::new(Upkeep {
+                lookups: AtomicU32::new(0),
+                at: AtomicU64::new(0),
+                start: Instant::now(),
+            }),
         }
     }
 
@@ -977,7 +992,7 @@ impl Worlds {
         settings: &Arc<WorldSettings>,
         now: Instant,
     ) -> WorldHandle {
-        self.since_upkeep.fetch_add(1, Ordering::Relaxed);
+        self.upkeep.lookups.fetch_add(1, Ordering::Relaxed);
         self.cache.get_with_by_ref(world, || {
             Arc::new(Mutex::new(WorldState::new(
                 settings.clone(),
@@ -1000,14 +1015,39 @@ impl Worlds {
     }
 
     /// Applies the cache's log of recent lookups (its LRU order and idle
-    /// expiry) once [`UPKEEP_AFTER`] lookups have built up. Moka applies it
-    /// itself on every 64th lookup, and that lookup takes several
-    /// microseconds longer (64 list updates in memory mostly out of the CPU
-    /// caches); a worker with nothing to do calls this instead, so below
-    /// saturation no message waits for the upkeep. The work is the same.
+    /// expiry) once [`UPKEEP_AFTER`] lookups have built up, or any after
+    /// [`UPKEEP_EVERY`]. Moka applies it itself on every 64th lookup (or
+    /// the first after 300 ms), and that lookup takes several microseconds
+    /// longer: 64 list updates in memory mostly out of the CPU caches. The
+    /// workers call this when none of them has a message queued, so below
+    /// saturation the upkeep is taken out of the decisions; at saturation
+    /// moka still does it inside a lookup. The work is the same.
     pub fn upkeep(&self) {
-        if self.since_upkeep.load(Ordering::Relaxed) >= UPKEEP_AFTER {
-            self.since_upkeep.store(0, Ordering::Relaxed);
+        self.upkeep_at(self.upkeep.start.elapsed())
+    }
+
+    /// [`Worlds::upkeep`] at `now`, as time since the cache was made.
+    fn upkeep_at(&self, now: Duration) {
+        let upkeep = &*self.upkeep;
+        let lookups = upkeep.lookups.load(Ordering::Relaxed);
+        if lookups == 0 {
+            return;
+        }
+        let now = now.as_millis() as u64;
+        if lookups < UPKEEP_AFTER
+            && now.saturating_sub(upkeep.at.load(Ordering::Relaxed))
+                < UPKEEP_EVERY.as_millis() as u64
+        {
+            return;
+        }
+        // One caller does it (with several runtime threads, two idle
+        // workers may both get here); lookups counted meanwhile count on.
+        if upkeep
+            .lookups
+            .compare_exchange(lookups, 0, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            upkeep.at.store(now, Ordering::Relaxed);
             self.cache.run_pending_tasks();
         }
     }
@@ -1328,10 +1368,18 @@ mod tests {
         // itself only after 64 entries (or 300 ms).
         worlds.upkeep();
         assert_eq!(worlds.cache.entry_count(), u64::from(UPKEEP_AFTER));
-        assert_eq!(worlds.since_upkeep.load(Ordering::Relaxed), 0);
+        let lookups = || worlds.upkeep.lookups.load(Ordering::Relaxed);
+        assert_eq!(lookups(), 0);
         fresh(UPKEEP_AFTER);
-        worlds.upkeep(); // one lookup: too few to bother
-        assert_eq!(worlds.since_upkeep.load(Ordering::Relaxed), 1);
+        // One lookup since: too few to bother, until UPKEEP_EVERY has passed.
+        let last = Duration::from_millis(worlds.upkeep.at.load(Ordering::Relaxed));
+        worlds.upkeep_at(last);
+        assert_eq!(lookups(), 1);
+        worlds.upkeep_at(last + UPKEEP_EVERY - Duration::from_millis(1));
+        assert_eq!(lookups(), 1);
+        worlds.upkeep_at(last + UPKEEP_EVERY);
+        assert_eq!(lookups(), 0);
+        assert_eq!(worlds.cache.entry_count(), u64::from(UPKEEP_AFTER) + 1);
     }
 
     #[test]

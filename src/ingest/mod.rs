@@ -14,6 +14,7 @@ pub mod core;
 pub mod jetstream;
 
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use async_nats::Message;
@@ -54,7 +55,12 @@ pub struct Work {
 pub struct Dispatcher {
     subjects: Subjects,
     workers: Vec<mpsc::Sender<Work>>,
+    /// Picks a world's worker. foldhash, not SipHash: it runs for every
+    /// message, and a client choosing world names to crowd one worker gains
+    /// no more than any client sending many messages (the seed is random).
     hasher: foldhash::fast::RandomState,
+    /// Messages queued at all workers together.
+    queued: Arc<AtomicUsize>,
 }
 
 impl Dispatcher {
@@ -70,6 +76,7 @@ impl Dispatcher {
     ) -> (Dispatcher, Vec<tokio::task::JoinHandle<()>>) {
         let mut workers = Vec::with_capacity(n);
         let mut handles = Vec::with_capacity(n);
+        let queued = Arc::new(AtomicUsize::new(0));
         for _ in 0..n.max(1) {
             let (tx, rx) = mpsc::channel(WORKER_QUEUE);
             workers.push(tx);
@@ -79,6 +86,7 @@ impl Dispatcher {
                 replay: replay.clone(),
                 acks: Vec::new(),
                 batch_connects: 0,
+                queued: queued.clone(),
             };
             handles.push(tokio::spawn(worker.run(rx)));
         }
@@ -86,6 +94,7 @@ impl Dispatcher {
             subjects: judge.subjects().clone(),
             workers,
             hasher: Default::default(),
+            queued,
         };
         (dispatcher, handles)
     }
@@ -101,7 +110,9 @@ impl Dispatcher {
             message,
             delivery,
         };
+        self.queued.fetch_add(1, Ordering::Relaxed);
         if self.workers[slot].send(work).await.is_err() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
             tracing::error!("worker is gone; message dropped");
         }
     }
@@ -116,6 +127,8 @@ struct Worker {
     acks: Vec<async_nats::jetstream::message::Acker>,
     /// The client's connect count when the first of `acks` was published.
     batch_connects: u64,
+    /// Messages queued at all workers (the dispatcher's count).
+    queued: Arc<AtomicUsize>,
 }
 
 impl Worker {
@@ -124,11 +137,14 @@ impl Worker {
             let work = match rx.try_recv() {
                 Ok(work) => work,
                 Err(mpsc::error::TryRecvError::Empty) => {
-                    // Idle: make what was published durable before waiting,
-                    // and do the world cache's upkeep now rather than in the
-                    // middle of a later message.
+                    // Idle: make what was published durable before waiting.
                     self.settle_acks().await;
-                    self.judge.upkeep();
+                    // No worker has a message waiting: the world cache's
+                    // upkeep now delays none (messages the intake has not
+                    // handed over yet aside).
+                    if self.queued.load(Ordering::Relaxed) == 0 {
+                        self.judge.upkeep();
+                    }
                     match rx.recv().await {
                         Some(work) => work,
                         None => break,
@@ -136,6 +152,7 @@ impl Worker {
                 }
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
             };
+            self.queued.fetch_sub(1, Ordering::Relaxed);
             self.handle(work).await;
             if self.acks.len() >= ACK_BATCH {
                 self.settle_acks().await;
