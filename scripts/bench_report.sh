@@ -42,33 +42,36 @@ cat <<'NOTES'
   times the input's size, with a `Nats-Msg-Id` header, and the consumer reads
   them all. Set-up (a2) publishes exactly those copies from the producers,
   with no relay and no raw hop, and fills the machine (server, producers
-  and consumer together at 140-185% of its 2 CPUs) at 0.61 of the bare
-  relay's rate in the run of 2026-11-22 01:35 UTC (0.48-0.85 in earlier runs, against the
-  bare relay on several threads: see the next point).
-  No relay that publishes loopguard's copies can pass that here, so
-  (c1)/(b) ≥ 0.9 is out of reach on this machine and workload, whatever
-  loopguard costs, and (c2)/(b) ≥ 0.6 is at that ceiling.
-  (c1)/(a2), 0.76 in that run (0.57-0.71 in the earlier ones), says how close
-  loopguard comes to the ceiling of its own output.
+  and consumer together at 140-185% of its 2 CPUs) at 0.41 of the bare
+  relay's rate in the run of 2026-11-22 01:56 UTC and 0.61 in one twenty
+  minutes earlier (0.48-0.85 in earlier runs, against the bare relay on
+  several threads: see the next point). No relay that publishes
+  loopguard's copies can pass that here, so (c1)/(b) ≥ 0.9 is out of
+  reach on this machine and workload, whatever loopguard costs, and
+  (c2)/(b) ≥ 0.6 at or past it. (c1)/(a2), 0.67 and 0.76 in those two
+  runs (0.57-0.71 in earlier ones), says how close loopguard comes to the
+  ceiling of its own output.
 - **The bare relay runs on one runtime thread** (since 2026-11-22), as
   loopguard does by default (`runtime.threads = 1`). Before, it ran on
   `#[tokio::main]`'s multi-threaded runtime, whose hand-offs between
   threads cost more than the relaying: side by side at 20k msg/s it cost
   5.3-6.0 µs of CPU per message there and 2.2-2.8 µs on one thread, while
   loopguard cost 7.3-9.2 µs either way, and its sustained rate rose from
-  about 190k to about 300k msg/s. Every (c1)/(b) figure dated before this
+  about 190k to 300-350k msg/s. Every (c1)/(b) figure dated before this
   change was against the slower baseline (CPU ratios of 1.38-2.35 in the
   table and 1.44-1.97 side by side, below); against the fair one the
-  loopguard of that day measures 3.2-3.8, and the rate ratios fell with
+  loopguard of that day measures 2.5-3.8, and the rate ratios fell with
   the higher baseline too.
 - **CPU per message** counts everything the process does per ingress message
   at the common rate, including publishing ~1.8 copies with a `Nats-Msg-Id`
   header each (the relay: one copy, no header) and the wake-ups of each
-  hand-off. In the run of 2026-11-22 01:35 UTC the bare relay cost 2.0 µs a message and
-  loopguard 7.5: loopguard's decision alone (about half its CPU in a perf
-  profile, most of it memory the 100,000 worlds keep out of the CPU
-  caches: the world lookup is about a third of it) costs more than the
-  whole bare relay, so at 20k msg/s (c1)/(b) is 3.2-3.8, not ≤ 1.5. Against
+  hand-off. In the runs of 2026-11-22 01:35 and 01:56 UTC the bare relay
+  cost 2.0 and 2.7 µs a message, loopguard 7.5 and 6.7: loopguard's
+  decision alone (about half its CPU in a perf profile, most of it memory
+  the 100,000 worlds keep out of the CPU caches: the world lookup is about
+  a third of it) costs more than the whole bare relay, so at 20k msg/s
+  (c1)/(b) is 2.5-3.8 in the table and 3.2-3.4 side by side, not ≤ 1.5.
+  Against
   the old, multi-threaded baseline (bare relay 3.8-7.0 µs, loopguard
   8.2-11.3) the table's ratio was 1.38-2.35 over the runs of 2026-11-21,
   1.51 and 1.78 in the two with the conclusion prefilter below, 1.69
@@ -88,7 +91,8 @@ cat <<'NOTES'
   1.52). Alternating the two builds three times gave 1.70 / 1.56,
   1.72 / 1.44 and 1.75 / 1.55. All of those were against the bare relay
   on several threads; against the one-thread baseline, three runs gave
-  medians of 3.19-3.38 and the run of 01:35 UTC 3.17. Each process's
+  medians of 3.19-3.38, and the runs of 01:35 and 01:56 UTC 3.17 and
+  3.25. Each process's
   figures differ from the table's (they share the CPUs, the consumer reads
   both outputs, and the table's steps are minutes apart), so compare the
   ratio, not the absolute figures, with the table's.
@@ -128,11 +132,12 @@ cat <<'NOTES'
 - **Peak RSS** is sampled over the steps that passed, and each world's
   history grows from step to step (remembered messages for parent lookups,
   the duplicate window), so it depends on which steps passed: in the run
-  above (c1)'s last pass came after about 24 messages per world (602 MiB,
-  about 6 KiB a world) and (c2)'s, its final step, after about 45 (1068
-  MiB, about 11 KiB); in an earlier run (c1) passed none after its fourth
-  step, about 9 messages per world (292 MiB). Idle worlds are measured on
-  their own below.
+  of 2026-11-22 01:56 UTC (c1)'s last pass came after about 10 messages
+  per world (340 MiB)
+  and (c2)'s, its final step, after about 30 (691 MiB); in the run twenty
+  minutes before, after about 24 and 45 (602 MiB, about 6 KiB a world,
+  and 1068 MiB, about 11 KiB). Idle worlds are measured on their own
+  below.
 - **No drops**: loopguard counted no slow-consumer drop at its sustained rate.
 NOTES
 echo
@@ -168,9 +173,10 @@ cat <<'NOTES'
   saturation the upkeep is out of the decisions; at saturation moka still
   does it inside one. The benchmark times the same decisions both ways:
   back to back (the saturated case) and with the upkeep between them,
-  untimed (a worker below saturation). In the run of 2026-11-22 01:35 UTC: p99 5.32 and
-  4.23 µs. The mean cost of the upkeep is small (a few % of a decision)
-  and the same either way.
+  untimed (a worker below saturation). In the runs of 2026-11-22 01:35
+  and 01:56 UTC: p99 5.32 and 5.14 µs back to back, 4.23 and 3.58 µs
+  with the upkeep between. The mean cost of the upkeep is small (a few %
+  of a decision) and the same either way.
 - **Instructions per decision**, counted by callgrind (repeatable where
   timings are not): 60,000 decisions over 10,000 worlds with the relay's
   rules and approved events off cost 18.0k instructions each (18.9k before
@@ -190,8 +196,8 @@ cat <<'NOTES'
   (approved events off), against 3.34 µs that morning. The instruction
   count, not criterion's time, is what shows that change. A run of
   2026-11-22 caught a slow stretch (the mention parser, unchanged, took
-  158 ns on average; 82-91 ns on calm runs) and gave 4.31 µs; the run of
-  01:35 UTC, a calm one, 2.36 µs.
+  158 ns on average; 80-91 ns on calm runs) and gave 4.31 µs; the calm
+  runs of 01:35 and 01:56 UTC, 2.36 and 2.15 µs.
 - **loopguard's optional rules** (alternation, similar, low_content, budget,
   concluded; off by default and in the relay benchmark) are measured on
   their own line above, set so that they seldom reject: the approval share
