@@ -87,7 +87,7 @@ release: deps
 # release` builds it), the criterion micro-benchmarks (plain release build)
 # and memory per idle world; kept in docs/benchmarks.md.
 bench: deps release
-	$(CARGO) build --release --bin loopguard --example bare_relay
+	$(CARGO) build --release --bin loopguard --example bare_relay --example copy_relay
 	LOOPGUARD_BIN=target/pgo/loopguard $(CARGO) bench --bench relay | tee target/bench-relay.md
 	$(CARGO) bench --bench decision -- --warm-up-time 1 --measurement-time 3 | tee target/bench-decision.txt
 	$(CARGO) bench --bench state_memory | tee target/bench-state-memory.md

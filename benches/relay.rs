@@ -12,6 +12,12 @@
 //! - (b) bare relay: `examples/bare_relay.rs`, subscribe `chat.raw.>` and
 //!   republish each payload unchanged, on one runtime thread as loopguard
 //!   runs by default — the floor any relay pays;
+//! - (b2) copying relay: `examples/copy_relay.rs`, the same but publishing
+//!   the copies (c1) publishes (inbox copies, headers, rejection events)
+//!   with no decision, state or parsing — the floor of any relay with
+//!   loopguard's output. Side by side, the benchmark checks from the
+//!   server's connection counts that it publishes as many messages and
+//!   bytes as (c1);
 //! - (c1) loopguard, `events.approved = false`, every rule of the contract
 //!   on (pass, turns, depth, duplicate, cooldown, rate); the rules loopguard
 //!   adds (alternation, similar, low_content, budget, concluded) are off, as
@@ -27,16 +33,17 @@
 //! @mention the next agent (one inbox copy), ~200-byte unique contents, and
 //! one agent message in ten repeating the previous one, so loopguard rejects
 //! ~10% (as `duplicate`) and approves ~90%. Each set-up is one process whose
-//! worlds live on from step to step: an unmeasured warm-up opens every world,
-//! then every measured message is a later turn of a world already held.
+//! worlds live on from step to step: an unmeasured warm-up of six turns
+//! opens every world and lets each world's four agents speak, then every
+//! measured message is a later turn of a world already held.
 //!
 //! For each set-up: the highest open-loop rate sustained with < 0.1% loss and
 //! p99 < 50 ms; latency percentiles at a common moderate rate; CPU µs per
 //! message of the relay process (from /proc); its peak resident memory over
 //! the steps that passed (sampled every 20 ms); and, for loopguard, the
-//! slow-consumer drops it counted. Then (b) and (c1) run side by side on one
-//! stream at the common rate, so their CPU per message is compared in the
-//! same seconds (`BENCH_ONLY=pair` runs that alone). Printed as a markdown
+//! slow-consumer drops it counted. Then (b), (b2) and (c1) run side by side
+//! on one stream at the common rate, so their CPU per message is compared
+//! in the same seconds (`BENCH_ONLY=pair` runs that alone). Printed as a markdown
 //! section (`make bench` keeps it in docs/benchmarks.md). Numbers are only
 //! comparable within one run: server, producer and relay share the CPUs.
 
@@ -49,7 +56,7 @@ use futures::StreamExt;
 
 #[path = "shared/workload.rs"]
 mod workload;
-use workload::{message, AGENTS, WORLDS};
+use workload::{id_of, message, AGENTS, WORLDS};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -65,12 +72,17 @@ const COMMON_RATE: u64 = 20_000;
 const WARM_UP_RATE: u64 = 40_000;
 /// Steps of the side-by-side CPU measurement of (b) and (c1).
 const PAIRED_STEPS: usize = 3;
+/// Turns of every world in the unmeasured warm-up of each set-up: by then
+/// each world's four agents have spoken, so loopguard's roster is whole and
+/// a human's message goes to all four inboxes, as (a2) and (b2) send it.
+const WARM_UP_TURNS: u64 = 6;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Setup {
     Direct,
     DirectCopies,
     BareRelay,
+    CopyRelay,
     LoopguardQuiet,
     LoopguardEvents,
 }
@@ -81,6 +93,7 @@ impl Setup {
             Setup::Direct => "(a) direct to egress",
             Setup::DirectCopies => "(a2) direct, loopguard's copies",
             Setup::BareRelay => "(b) bare relay",
+            Setup::CopyRelay => "(b2) copying relay",
             Setup::LoopguardQuiet => "(c1) loopguard, approved events off",
             Setup::LoopguardEvents => "(c2) loopguard, all events",
         }
@@ -91,6 +104,7 @@ impl Setup {
             Setup::Direct => "(a)",
             Setup::DirectCopies => "(a2)",
             Setup::BareRelay => "(b)",
+            Setup::CopyRelay => "(b2)",
             Setup::LoopguardQuiet => "(c1)",
             Setup::LoopguardEvents => "(c2)",
         }
@@ -104,7 +118,7 @@ impl Setup {
     }
     /// Only what loopguard would approve is expected out.
     fn drops_duplicates(self) -> bool {
-        self.is_loopguard() || self == Setup::DirectCopies
+        self.is_loopguard() || matches!(self, Setup::DirectCopies | Setup::CopyRelay)
     }
 }
 
@@ -171,13 +185,6 @@ fn copies(seq: u64) -> Vec<(String, Option<String>, String)> {
         ));
     }
     out
-}
-
-/// Extracts the numeric `"id":"…"` of a payload.
-fn id_of(payload: &[u8]) -> Option<u64> {
-    let at = payload.windows(6).position(|w| w == b"\"id\":\"")? + 6;
-    let end = payload[at..].iter().position(|&b| b == b'"')? + at;
-    std::str::from_utf8(&payload[at..end]).ok()?.parse().ok()
 }
 
 struct Outcome {
@@ -338,8 +345,12 @@ impl Relay {
         let root = env!("CARGO_MANIFEST_DIR");
         match setup {
             Setup::Direct | Setup::DirectCopies => Ok(None),
-            Setup::BareRelay => {
-                let child = Command::new(format!("{root}/target/release/examples/bare_relay"))
+            Setup::BareRelay | Setup::CopyRelay => {
+                let example = match setup {
+                    Setup::BareRelay => "bare_relay",
+                    _ => "copy_relay",
+                };
+                let child = Command::new(format!("{root}/target/release/examples/{example}"))
                     .arg(url)
                     .stderr(Stdio::null())
                     .spawn()?;
@@ -421,16 +432,11 @@ impl Relay {
     }
 
     async fn dropped(&self) -> Result<f64, Error> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let Some(addr) = &self.http else {
             return Ok(0.0);
         };
-        let mut s = tokio::net::TcpStream::connect(addr).await?;
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).await?;
-        Ok(text
+        Ok(http_get(addr, "/metrics")
+            .await?
             .lines()
             .filter(|l| l.starts_with("loopguard_dropped_total{"))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -443,6 +449,35 @@ impl Drop for Relay {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The body (and head) of `GET path` at `addr` (host:port).
+async fn http_get(addr: &str, path: &str) -> Result<String, Error> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    // HTTP/1.0: the answer is not chunked, and ends when the server closes.
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).await?;
+    Ok(text)
+}
+
+/// Messages and payload bytes published so far by each client connection
+/// with a name, from the server's monitoring endpoint (`/connz`).
+async fn published_by_name(monitor: &str) -> Result<Vec<(String, [u64; 2])>, Error> {
+    let text = http_get(monitor, "/connz?limit=1024").await?;
+    let body = text.split_once("\r\n\r\n").ok_or("no /connz body")?.1;
+    let connz: serde_json::Value = serde_json::from_str(body)?;
+    Ok(connz["connections"]
+        .as_array()
+        .ok_or("no connections in /connz")?
+        .iter()
+        .filter_map(|c| {
+            let counts = [c["in_msgs"].as_u64()?, c["in_bytes"].as_u64()?];
+            Some((c["name"].as_str()?.to_string(), counts))
+        })
+        .collect())
 }
 
 /// The loopguard binary measured: `LOOPGUARD_BIN` when set (`make bench`
@@ -561,9 +596,10 @@ async fn measure(
     let relay = Relay::start(setup, url, dir)?;
     until_ready(url, setup).await?;
     let mut next = 0;
-    // Warm-up, not measured: the first turn of every world, so the measured
-    // steps find the worlds held, as a long-running sidecar would.
-    send(url, setup, WARM_UP_RATE, WORLDS, &mut next).await?;
+    // Warm-up, not measured: the first turns of every world, so the
+    // measured steps find the worlds held and their agents known, as a
+    // long-running sidecar would.
+    send(url, setup, WARM_UP_RATE, WARM_UP_TURNS * WORLDS, &mut next).await?;
 
     // Latency and CPU at the common rate.
     let cpu_before = relay.as_ref().map(|r| r.cpu()).transpose()?;
@@ -673,36 +709,75 @@ async fn measure(
     })
 }
 
-/// CPU per message of (b) and (c1) side by side: both processes subscribed
-/// to the same raw stream at the common rate, so both are measured in the
-/// same seconds. Measured one after the other, as in the table, the two
-/// figures come minutes apart, and the shared machine's state between them
-/// moved their ratio from 1.38 to 2.35 over one day's runs. After a warm-up
-/// that opens every world for loopguard, each of `PAIRED_STEPS` steps gives
-/// both figures (µs per message: bare relay, loopguard).
-async fn paired_cpu(url: &str, dir: &std::path::Path) -> Result<Vec<(f64, f64)>, Error> {
+/// CPU per message of (b), (b2) and (c1) side by side: the three processes
+/// subscribed to the same raw stream at the common rate, so all are
+/// measured in the same seconds. Measured one after the other, as in the
+/// table, the figures come minutes apart, and the shared machine's state
+/// between them moved the (c1)/(b) ratio from 1.38 to 2.35 over one day's
+/// runs. After a warm-up that opens every world for loopguard, each of
+/// `PAIRED_STEPS` steps gives the three figures.
+async fn paired_cpu(url: &str, monitor: &str, dir: &std::path::Path) -> Result<Vec<Paired>, Error> {
     let bare = Relay::start(Setup::BareRelay, url, dir)?.ok_or("no bare relay")?;
+    let copying = Relay::start(Setup::CopyRelay, url, dir)?.ok_or("no copying relay")?;
     let loopguard = Relay::start(Setup::LoopguardQuiet, url, dir)?.ok_or("no loopguard")?;
-    // Both ready: a system message comes back twice, once from each.
+    // All ready: a system message comes back once from each.
     let client = async_nats::connect(url).await?;
     let (subject, echo) = ("chat.raw.paired.system.bench", "chat.public.paired");
-    if !workload::until_echoed(&client, subject, echo, 2, Duration::from_secs(20)).await? {
-        return Err("the paired relays never both became ready".into());
+    if !workload::until_echoed(&client, subject, echo, 3, Duration::from_secs(20)).await? {
+        return Err("the relays side by side never all became ready".into());
     }
     let mut next = 0;
-    send(url, Setup::LoopguardQuiet, WARM_UP_RATE, WORLDS, &mut next).await?;
+    send(
+        url,
+        Setup::LoopguardQuiet,
+        WARM_UP_RATE,
+        WARM_UP_TURNS * WORLDS,
+        &mut next,
+    )
+    .await?;
     let total = COMMON_RATE * STEP.as_secs();
     let per_message = |d: Duration| d.as_secs_f64() * 1e6 / total as f64;
-    let mut pairs = Vec::new();
+    let published = || async {
+        let counts = published_by_name(monitor).await?;
+        let of = |name: &str| counts.iter().find(|(n, _)| n == name).map(|c| c.1);
+        match (of("copy_relay"), of("loopguard")) {
+            (Some(b2), Some(c1)) => Ok((b2, c1)),
+            _ => Err::<_, Error>("the server lists no copy_relay or loopguard client".into()),
+        }
+    };
+    let before = published().await?;
+    let mut steps = Vec::new();
     for _ in 0..PAIRED_STEPS {
-        let (b0, c0) = (bare.cpu()?, loopguard.cpu()?);
+        let (b0, b20, c0) = (bare.cpu()?, copying.cpu()?, loopguard.cpu()?);
         send(url, Setup::LoopguardQuiet, COMMON_RATE, total, &mut next).await?;
-        pairs.push((
-            per_message(bare.cpu()? - b0),
-            per_message(loopguard.cpu()? - c0),
-        ));
+        steps.push(Paired {
+            bare: per_message(bare.cpu()? - b0),
+            copying: per_message(copying.cpu()? - b20),
+            loopguard: per_message(loopguard.cpu()? - c0),
+        });
     }
-    Ok(pairs)
+    // (b2) stands for loopguard's output only while it publishes as much.
+    let after = published().await?;
+    let [b2, b2_bytes] = [0, 1].map(|i| after.0[i] - before.0[i]);
+    let [c1, c1_bytes] = [0, 1].map(|i| after.1[i] - before.1[i]);
+    eprintln!(
+        "side by side: (b2) published {b2} messages ({b2_bytes} bytes), (c1) {c1} ({c1_bytes} bytes)"
+    );
+    if b2.abs_diff(c1) * 100 > c1 || b2_bytes.abs_diff(c1_bytes) * 10 > c1_bytes {
+        return Err(format!(
+            "side by side, the copying relay published {b2} messages ({b2_bytes} bytes) and \
+             loopguard {c1} ({c1_bytes} bytes): (b2) no longer mirrors loopguard's output"
+        )
+        .into());
+    }
+    Ok(steps)
+}
+
+/// One step side by side: CPU µs per message of each relay.
+struct Paired {
+    bare: f64,
+    copying: f64,
+    loopguard: f64,
 }
 
 fn ms(d: Duration) -> String {
@@ -720,16 +795,28 @@ async fn main() -> Result<(), Error> {
         .find(|b| Command::new(b).arg("--version").output().is_ok())
         .ok_or("nats-server not found")?;
     let mut nats = Command::new(nats_bin)
-        .args(["-a", "127.0.0.1", "-p", "-1", "--ports_file_dir"])
+        .args([
+            "-a",
+            "127.0.0.1",
+            "-p",
+            "-1",
+            "-m",
+            "-1",
+            "--ports_file_dir",
+        ])
         .arg(dir.path())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
     let ports = dir.path().join(format!("nats-server_{}.ports", nats.id()));
-    let url = loop {
+    // The client URL, and host:port of the monitoring endpoint.
+    let (url, monitor) = loop {
         if let Ok(text) = std::fs::read_to_string(&ports) {
             if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
-                break v["nats"][0].as_str().ok_or("ports file")?.to_string();
+                let url = v["nats"][0].as_str().ok_or("ports file")?.to_string();
+                let monitor = v["monitoring"][0].as_str().ok_or("ports file")?;
+                let monitor = monitor.trim_start_matches("http://").to_string();
+                break (url, monitor);
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -742,6 +829,7 @@ async fn main() -> Result<(), Error> {
         ("a", Setup::Direct),
         ("a2", Setup::DirectCopies),
         ("b", Setup::BareRelay),
+        ("b2", Setup::CopyRelay),
         ("c1", Setup::LoopguardQuiet),
         ("c2", Setup::LoopguardEvents),
     ] {
@@ -753,8 +841,8 @@ async fn main() -> Result<(), Error> {
     }
     // BENCH_ONLY=pair runs it alone.
     let paired = if only.is_empty() || only.split(',').any(|k| k == "pair") {
-        eprintln!("(b) and (c1) side by side");
-        paired_cpu(&url, dir.path()).await?
+        eprintln!("(b), (b2) and (c1) side by side");
+        paired_cpu(&url, &monitor, dir.path()).await?
     } else {
         Vec::new()
     };
@@ -839,24 +927,54 @@ async fn main() -> Result<(), Error> {
                 a2.max.rate as f64 / b.max.rate as f64
             );
         }
+        let b2 = get(Setup::CopyRelay);
+        if let Some(b2) = b2 {
+            println!(
+                "| (b2)/(b) sustained rate: a relay publishing (c1)'s copies, no decisions | {:.2} | — |",
+                b2.max.rate as f64 / b.max.rate as f64
+            );
+        }
         if let (Some(x), Some(y)) = (c1.cpu_us, b.cpu_us) {
             println!("| (c1)/(b) CPU per message | {:.2} | ≤ 1.5 |", x / y);
+        }
+        if let Some((x, y)) = b2.and_then(|b2| b2.cpu_us.zip(b.cpu_us)) {
+            println!(
+                "| (b2)/(b) CPU per message: the cost of (c1)'s output alone | {:.2} | — |",
+                x / y
+            );
         }
         if let (Some(x), Some(y)) = (c2.cpu_us, b.cpu_us) {
             println!("| (c2)/(b) CPU per message | {:.2} | — |", x / y);
         }
     }
     if !paired.is_empty() {
-        println!("\n### CPU per message, (b) and (c1) side by side\n");
-        println!("Both relays subscribed to the same stream at {COMMON_RATE} msg/s, so both are measured in the same seconds; {} steps of {}s after a warm-up.\n", paired.len(), STEP.as_secs());
-        println!("| step | (b) µs/msg | (c1) µs/msg | (c1)/(b) | target |");
-        println!("|---|---:|---:|---:|---|");
-        let mut ratios: Vec<f64> = paired.iter().map(|(b, c)| c / b).collect();
-        for (i, (b, c)) in paired.iter().enumerate() {
-            println!("| {} | {b:.2} | {c:.2} | {:.2} | ≤ 1.5 |", i + 1, c / b);
+        println!("\n### CPU per message, side by side: (b), (b2) and (c1)\n");
+        println!("The three relays subscribed to the same stream at {COMMON_RATE} msg/s, so all are measured in the same seconds; {} steps of {}s after a warm-up. (b2), `examples/copy_relay.rs`, publishes the copies (c1) publishes (headers, inbox copies, rejection events) with no decision: (b2)/(b) is what loopguard's output costs over the bare relay's, (c1)/(b2) what its decisions cost on top.\n", paired.len(), STEP.as_secs());
+        println!("| step | (b) µs/msg | (b2) µs/msg | (c1) µs/msg | (b2)/(b) | (c1)/(b2) | (c1)/(b) | target |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---|");
+        for (i, p) in paired.iter().enumerate() {
+            println!(
+                "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | ≤ 1.5 |",
+                i + 1,
+                p.bare,
+                p.copying,
+                p.loopguard,
+                p.copying / p.bare,
+                p.loopguard / p.copying,
+                p.loopguard / p.bare
+            );
         }
-        ratios.sort_by(f64::total_cmp);
-        println!("| median | | | {:.2} | ≤ 1.5 |", ratios[ratios.len() / 2]);
+        let median = |f: &dyn Fn(&Paired) -> f64| {
+            let mut v: Vec<f64> = paired.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        println!(
+            "| median | | | | {:.2} | {:.2} | {:.2} | ≤ 1.5 |",
+            median(&|p| p.copying / p.bare),
+            median(&|p| p.loopguard / p.copying),
+            median(&|p| p.loopguard / p.bare)
+        );
     }
     println!("\nSteps of the rate search (CPU in % of one CPU, over the step and its drain):\n");
     println!("```");

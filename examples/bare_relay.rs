@@ -22,6 +22,7 @@ async fn main() -> Result<(), async_nats::Error> {
         .nth(1)
         .unwrap_or_else(|| "nats://127.0.0.1:4222".into());
     let client = async_nats::ConnectOptions::new()
+        .name("bare_relay")
         .subscription_capacity(1 << 20)
         // As loopguard: no scan of each publish subject for whitespace.
         .skip_subject_validation(true)

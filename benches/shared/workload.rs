@@ -38,9 +38,7 @@ pub fn message(seq: u64) -> (String, String, String, bool) {
     }
     let agent = turn % AGENTS;
     let next = (agent + 1) % AGENTS;
-    // One message in ten repeats the world's previous one (an agent's, at
-    // turn % 5 == 1); a world's first message has none to repeat.
-    let (text_seq, approved) = if turn % 10 == 7 && k > 0 {
+    let (text_seq, approved) = if is_duplicate(seq) {
         (seq - WORLDS, false)
     } else {
         (seq, true)
@@ -53,6 +51,22 @@ pub fn message(seq: u64) -> (String, String, String, bool) {
         payload,
         approved,
     )
+}
+
+/// Whether message `seq` repeats its world's previous message (so loopguard
+/// rejects it): one agent message in ten (at turn % 10 == 7, whose previous
+/// turn is an agent's); a world's first message has none to repeat.
+pub fn is_duplicate(seq: u64) -> bool {
+    let (world, k) = (seq % WORLDS, seq / WORLDS);
+    (k + world % 10) % 10 == 7 && k > 0
+}
+
+/// The numeric `"id":"…"` of a payload of this workload (or of an egress
+/// copy of one).
+pub fn id_of(payload: &[u8]) -> Option<u64> {
+    let at = payload.windows(6).position(|w| w == b"\"id\":\"")? + 6;
+    let end = payload[at..].iter().position(|&b| b == b'"')? + at;
+    std::str::from_utf8(&payload[at..end]).ok()?.parse().ok()
 }
 
 /// Publishes a `ready?` message to `subject` every 200 ms until `copies` of
