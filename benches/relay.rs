@@ -33,7 +33,7 @@
 //! @mention the next agent (one inbox copy), ~200-byte unique contents, and
 //! one agent message in ten repeating the previous one, so loopguard rejects
 //! ~10% (as `duplicate`) and approves ~90%. Each set-up is one process whose
-//! worlds live on from step to step: an unmeasured warm-up of six turns
+//! worlds live on from step to step: an unmeasured warm-up of eight turns
 //! opens every world and lets each world's four agents speak, then every
 //! measured message is a later turn of a world already held.
 //!
@@ -68,14 +68,16 @@ const MAX_LOSS: f64 = 0.001;
 const MAX_P99: Duration = Duration::from_millis(50);
 /// The common moderate rate for latency and CPU comparisons.
 const COMMON_RATE: u64 = 20_000;
-/// Rate of the unmeasured warm-up round that opens every world.
+/// Rate of the unmeasured warm-up (`WARM_UP_TURNS` turns of every world).
 const WARM_UP_RATE: u64 = 40_000;
-/// Steps of the side-by-side CPU measurement of (b) and (c1).
+/// Steps of the side-by-side CPU measurement of (b), (b2) and (c1).
 const PAIRED_STEPS: usize = 3;
 /// Turns of every world in the unmeasured warm-up of each set-up: by then
-/// each world's four agents have spoken, so loopguard's roster is whole and
-/// a human's message goes to all four inboxes, as (a2) and (b2) send it.
-const WARM_UP_TURNS: u64 = 6;
+/// each world's four agents have spoken (world % 10 of 1, 2, 6 or 7 hears
+/// its last one at turn 8), so loopguard's roster is whole and a human's
+/// message goes to all four inboxes and an agent's to the inbox it
+/// mentions, as (a2) and (b2) send them.
+const WARM_UP_TURNS: u64 = 8;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Setup {
@@ -139,7 +141,7 @@ fn copies(seq: u64) -> Vec<(String, Option<String>, String)> {
     let at = "2026-11-21T20:00:00.000Z";
     if !approved {
         let event = format!(
-            "{{\"id\":\"{seq}\",\"world\":\"{world}\",\"sender\":\"{sender}\",\"sender_kind\":\"{kind}\",\"decision\":\"rejected\",\"rule\":\"duplicate\",\"reason\":\"same content as an approved message within 300 s\",\"depth\":2,\"turn\":2,\"delivered_to\":[],\"observed_at\":\"{at}\"}}"
+            "{{\"id\":\"{seq}\",\"world\":\"{world}\",\"sender\":\"{sender}\",\"sender_kind\":\"{kind}\",\"decision\":\"rejected\",\"rule\":\"duplicate\",\"reason\":\"the same content was already approved in this world within the last 300s\",\"depth\":2,\"turn\":2,\"delivered_to\":[],\"observed_at\":\"{at}\"}}"
         );
         return vec![(format!("chat.events.{world}"), None, event)];
     }
@@ -432,13 +434,19 @@ impl Relay {
     }
 
     async fn dropped(&self) -> Result<f64, Error> {
+        self.metric("loopguard_dropped_total{").await
+    }
+
+    /// The sum of loopguard's metric series that start with `series` (0
+    /// for a relay with no metrics).
+    async fn metric(&self, series: &str) -> Result<f64, Error> {
         let Some(addr) = &self.http else {
             return Ok(0.0);
         };
         Ok(http_get(addr, "/metrics")
             .await?
             .lines()
-            .filter(|l| l.starts_with("loopguard_dropped_total{"))
+            .filter(|l| l.starts_with(series))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum())
     }
@@ -460,6 +468,10 @@ async fn http_get(addr: &str, path: &str) -> Result<String, Error> {
         .await?;
     let mut text = String::new();
     s.read_to_string(&mut text).await?;
+    let status = text.lines().next().unwrap_or_default();
+    if status.split(' ').nth(1) != Some("200") {
+        return Err(format!("GET {path} at {addr}: {status}").into());
+    }
     Ok(text)
 }
 
@@ -716,7 +728,7 @@ async fn measure(
 /// between them moved the (c1)/(b) ratio from 1.38 to 2.35 over one day's
 /// runs. After a warm-up that opens every world for loopguard, each of
 /// `PAIRED_STEPS` steps gives the three figures.
-async fn paired_cpu(url: &str, monitor: &str, dir: &std::path::Path) -> Result<Vec<Paired>, Error> {
+async fn paired_cpu(url: &str, monitor: &str, dir: &std::path::Path) -> Result<Side, Error> {
     let bare = Relay::start(Setup::BareRelay, url, dir)?.ok_or("no bare relay")?;
     let copying = Relay::start(Setup::CopyRelay, url, dir)?.ok_or("no copying relay")?;
     let loopguard = Relay::start(Setup::LoopguardQuiet, url, dir)?.ok_or("no loopguard")?;
@@ -726,6 +738,13 @@ async fn paired_cpu(url: &str, monitor: &str, dir: &std::path::Path) -> Result<V
     if !workload::until_echoed(&client, subject, echo, 3, Duration::from_secs(20)).await? {
         return Err("the relays side by side never all became ready".into());
     }
+    let relays = [&bare, &copying, &loopguard];
+    let idle = || async {
+        for relay in relays {
+            relay.until_idle().await?;
+        }
+        Ok::<_, Error>(())
+    };
     let mut next = 0;
     send(
         url,
@@ -735,42 +754,36 @@ async fn paired_cpu(url: &str, monitor: &str, dir: &std::path::Path) -> Result<V
         &mut next,
     )
     .await?;
+    idle().await?;
     let total = COMMON_RATE * STEP.as_secs();
     let per_message = |d: Duration| d.as_secs_f64() * 1e6 / total as f64;
-    let published = || async {
-        let counts = published_by_name(monitor).await?;
-        let of = |name: &str| counts.iter().find(|(n, _)| n == name).map(|c| c.1);
-        match (of("copy_relay"), of("loopguard")) {
-            (Some(b2), Some(c1)) => Ok((b2, c1)),
-            _ => Err::<_, Error>("the server lists no copy_relay or loopguard client".into()),
-        }
-    };
-    let before = published().await?;
+    let first = next;
+    let before = Output::now(monitor, &loopguard).await?;
     let mut steps = Vec::new();
     for _ in 0..PAIRED_STEPS {
-        let (b0, b20, c0) = (bare.cpu()?, copying.cpu()?, loopguard.cpu()?);
+        let [b0, b20, c0] = relays.map(Relay::cpu);
         send(url, Setup::LoopguardQuiet, COMMON_RATE, total, &mut next).await?;
+        // Each step's CPU includes the relay's whole backlog.
+        idle().await?;
         steps.push(Paired {
-            bare: per_message(bare.cpu()? - b0),
-            copying: per_message(copying.cpu()? - b20),
-            loopguard: per_message(loopguard.cpu()? - c0),
+            bare: per_message(bare.cpu()? - b0?),
+            copying: per_message(copying.cpu()? - b20?),
+            loopguard: per_message(loopguard.cpu()? - c0?),
         });
     }
-    // (b2) stands for loopguard's output only while it publishes as much.
-    let after = published().await?;
-    let [b2, b2_bytes] = [0, 1].map(|i| after.0[i] - before.0[i]);
-    let [c1, c1_bytes] = [0, 1].map(|i| after.1[i] - before.1[i]);
-    eprintln!(
-        "side by side: (b2) published {b2} messages ({b2_bytes} bytes), (c1) {c1} ({c1_bytes} bytes)"
-    );
-    if b2.abs_diff(c1) * 100 > c1 || b2_bytes.abs_diff(c1_bytes) * 10 > c1_bytes {
-        return Err(format!(
-            "side by side, the copying relay published {b2} messages ({b2_bytes} bytes) and \
-             loopguard {c1} ({c1_bytes} bytes): (b2) no longer mirrors loopguard's output"
-        )
-        .into());
-    }
-    Ok(steps)
+    let mirrored = Output::now(monitor, &loopguard)
+        .await?
+        .since(&before)?
+        .check((first..next).flat_map(copies));
+    Ok(Side { steps, mirrored })
+}
+
+/// What the side-by-side measurement gives.
+struct Side {
+    steps: Vec<Paired>,
+    /// Whether (b2) published what (c1) did, and (c1) routed as the
+    /// workload says: `Err` says how they differed.
+    mirrored: Result<String, String>,
 }
 
 /// One step side by side: CPU µs per message of each relay.
@@ -778,6 +791,89 @@ struct Paired {
     bare: f64,
     copying: f64,
     loopguard: f64,
+}
+
+/// Counters of what (b2) and (c1) published: from the server, messages and
+/// bytes of each client; from loopguard, its public and private copies.
+struct Output {
+    copying: [u64; 2],
+    loopguard: [u64; 2],
+    public: u64,
+    private: u64,
+}
+
+impl Output {
+    async fn now(monitor: &str, loopguard: &Relay) -> Result<Output, Error> {
+        let counts = published_by_name(monitor).await?;
+        let of = |name: &str| {
+            counts
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|c| c.1)
+                .ok_or_else(|| format!("the server lists no {name} client"))
+        };
+        let deliveries = |v: &'static str| async move {
+            let series = format!("loopguard_deliveries_total{{visibility=\"{v}\"}}");
+            loopguard.metric(&series).await
+        };
+        Ok(Output {
+            copying: of("copy_relay")?,
+            loopguard: of("loopguard")?,
+            public: deliveries("public").await? as u64,
+            private: deliveries("private").await? as u64,
+        })
+    }
+
+    /// The counts from `before` to `self`. A counter that went back (a
+    /// client that reconnected, a relay restarted) is an error.
+    fn since(&self, before: &Output) -> Result<Output, Error> {
+        let sub = |a: u64, b: u64| {
+            a.checked_sub(b)
+                .ok_or("a counter went back: a relay reconnected or restarted")
+        };
+        Ok(Output {
+            copying: [
+                sub(self.copying[0], before.copying[0])?,
+                sub(self.copying[1], before.copying[1])?,
+            ],
+            loopguard: [
+                sub(self.loopguard[0], before.loopguard[0])?,
+                sub(self.loopguard[1], before.loopguard[1])?,
+            ],
+            public: sub(self.public, before.public)?,
+            private: sub(self.private, before.private)?,
+        })
+    }
+
+    /// Compares these counts with the `copies` the workload's messages
+    /// should yield: loopguard's public and private copies exactly, (b2)'s
+    /// messages with (c1)'s exactly and their bytes within 1%.
+    fn check(
+        &self,
+        copies: impl Iterator<Item = (String, Option<String>, String)>,
+    ) -> Result<String, String> {
+        let (mut public, mut private) = (0, 0);
+        for (subject, _, _) in copies {
+            if subject.starts_with("chat.public.") {
+                public += 1;
+            } else if subject.starts_with("chat.private.") {
+                private += 1;
+            }
+        }
+        let ([b2, b2_bytes], [c1, c1_bytes]) = (self.copying, self.loopguard);
+        let said = format!(
+            "(b2) published {b2} messages ({b2_bytes} bytes), (c1) {c1} ({c1_bytes} bytes); \
+             (c1) sent {} public and {} private copies, the workload {public} and {private}",
+            self.public, self.private
+        );
+        if b2 != c1
+            || b2_bytes.abs_diff(c1_bytes) * 100 > c1_bytes
+            || (self.public, self.private) != (public, private)
+        {
+            return Err(said);
+        }
+        Ok(said)
+    }
 }
 
 fn ms(d: Duration) -> String {
@@ -840,11 +936,11 @@ async fn main() -> Result<(), Error> {
         rows.push(measure(&url, nats.id(), setup, dir.path()).await?);
     }
     // BENCH_ONLY=pair runs it alone.
-    let paired = if only.is_empty() || only.split(',').any(|k| k == "pair") {
+    let side = if only.is_empty() || only.split(',').any(|k| k == "pair") {
         eprintln!("(b), (b2) and (c1) side by side");
-        paired_cpu(&url, &monitor, dir.path()).await?
+        Some(paired_cpu(&url, &monitor, dir.path()).await?)
     } else {
-        Vec::new()
+        None
     };
     let _ = nats.kill();
 
@@ -947,10 +1043,20 @@ async fn main() -> Result<(), Error> {
             println!("| (c2)/(b) CPU per message | {:.2} | — |", x / y);
         }
     }
-    if !paired.is_empty() {
+    if let Some(Side {
+        steps: paired,
+        mirrored,
+    }) = &side
+    {
         println!("\n### CPU per message, side by side: (b), (b2) and (c1)\n");
-        println!("The three relays subscribed to the same stream at {COMMON_RATE} msg/s, so all are measured in the same seconds; {} steps of {}s after a warm-up. (b2), `examples/copy_relay.rs`, publishes the copies (c1) publishes (headers, inbox copies, rejection events) with no decision: (b2)/(b) is what loopguard's output costs over the bare relay's, (c1)/(b2) what its decisions cost on top.\n", paired.len(), STEP.as_secs());
-        println!("| step | (b) µs/msg | (b2) µs/msg | (c1) µs/msg | (b2)/(b) | (c1)/(b2) | (c1)/(b) | target |");
+        println!("The three relays subscribed to the same stream at {COMMON_RATE} msg/s, so all are measured in the same seconds; {} steps of {}s after the warm-up, each measured until the three are idle again. (b2), `examples/copy_relay.rs`, publishes the copies (c1) publishes (headers, inbox copies, rejection events) with no parsing, state or rules: (b2)/(b) is what loopguard's output costs over the bare relay's, (c1)/(b2) what its parsing, state and decisions cost on top.\n", paired.len(), STEP.as_secs());
+        match mirrored {
+            Ok(said) => println!("Same output, checked over the steps: {said}.\n"),
+            Err(said) => println!(
+                "**(b2) did not mirror (c1)**, so its column is not loopguard's output: {said}.\n"
+            ),
+        }
+        println!("| step | (b) µs/msg | (b2) µs/msg | (c1) µs/msg | (b2)/(b) | (c1)/(b2) | (c1)/(b) | (c1)/(b) target |");
         println!("|---|---:|---:|---:|---:|---:|---:|---|");
         for (i, p) in paired.iter().enumerate() {
             println!(
@@ -984,5 +1090,13 @@ async fn main() -> Result<(), Error> {
         }
     }
     println!("```");
+    // Printed above; a failed check still fails the run.
+    if let Some(Side {
+        mirrored: Err(said),
+        ..
+    }) = side
+    {
+        return Err(format!("(b2) did not mirror (c1): {said}").into());
+    }
     Ok(())
 }

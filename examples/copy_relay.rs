@@ -11,10 +11,11 @@
 //!
 //! Each copy carries a `Nats-Msg-Id` header as long as loopguard's, and the
 //! egress body is the ingress payload with loopguard's fields appended, so
-//! about as long as loopguard's. Where loopguard decides (parse, rules,
-//! state), this reads the workload's arithmetic; what is left is the cost
+//! about as long as loopguard's. Where loopguard parses, keeps state and
+//! decides, this reads the workload's arithmetic; what is left is the cost
 //! of the output the contract asks for: ~1.8 copies a message instead of
-//! the bare relay's one.
+//! the bare relay's one. The relay benchmark checks, from the server's
+//! counts, that it publishes as many messages and bytes as loopguard.
 //!
 //! usage: copy_relay <nats-url>
 
@@ -29,6 +30,8 @@ mod workload;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `received_at` and `observed_at`: RFC 3339 with milliseconds, as long as
+/// loopguard's (whose clock the copies need not follow).
 const AT: &str = "2026-11-22T20:00:00.000Z";
 
 #[tokio::main(flavor = "current_thread")]
@@ -60,8 +63,6 @@ async fn main() -> Result<(), async_nats::Error> {
                 .await?;
             continue;
         };
-        // A name-based UUID's length, like loopguard's message key.
-        let key = format!("{:08x}-0000-5000-8000-{:012x}", seq as u32, seq);
         if workload::is_duplicate(seq) {
             let event = join(&[
                 "{\"id\":\"",
@@ -72,7 +73,7 @@ async fn main() -> Result<(), async_nats::Error> {
                 sender,
                 "\",\"sender_kind\":\"",
                 kind,
-                "\",\"decision\":\"rejected\",\"rule\":\"duplicate\",\"reason\":\"same content as an approved message within 300 s\",\"depth\":2,\"turn\":2,\"delivered_to\":[],\"observed_at\":\"",
+                "\",\"decision\":\"rejected\",\"rule\":\"duplicate\",\"reason\":\"the same content was already approved in this world within the last 300s\",\"depth\":2,\"turn\":2,\"delivered_to\":[],\"observed_at\":\"",
                 AT,
                 "\"}",
             ]);
@@ -85,11 +86,15 @@ async fn main() -> Result<(), async_nats::Error> {
         // An agent's message starts with a mention of the next agent.
         let addressee = match human {
             true => None,
-            false => sender
-                .strip_prefix('a')
-                .and_then(|a| a.parse::<u64>().ok())
-                .map(|a| agents[((a + 1) % workload::AGENTS) as usize].as_str()),
+            false => {
+                let Some(a) = sender.strip_prefix('a').and_then(|a| a.parse::<u64>().ok()) else {
+                    continue; // not the workload's
+                };
+                Some(agents[((a + 1) % workload::AGENTS) as usize].as_str())
+            }
         };
+        // A name-based UUID's length, like loopguard's message key.
+        let key = format!("{:08x}-0000-5000-8000-{:012x}", seq as u32, seq);
         let payload = &m.payload[..m.payload.len().saturating_sub(1)]; // its '}'
         let body = join(&[
             // The ingress payload is the workload's, so UTF-8.

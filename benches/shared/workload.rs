@@ -1,5 +1,6 @@
 //! The relay benchmark's workload, shared with `examples/pgo_train.rs`
-//! (which trains the profile-guided build on it, see scripts/pgo.sh).
+//! (which trains the profile-guided build on it, see scripts/pgo.sh) and
+//! `examples/copy_relay.rs` (the benchmark's baseline (b2)).
 //!
 //! 100,000 worlds, four agents each, a human message after every four agent
 //! messages, agent messages that @mention the next agent, ~200-byte unique
