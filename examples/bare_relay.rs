@@ -6,6 +6,9 @@
 
 use futures::StreamExt;
 
+#[path = "../benches/shared/baseline.rs"]
+mod baseline;
+
 /// The allocator loopguard uses (set in its library), so the baseline
 /// differs from loopguard by the work, not by the allocator.
 #[global_allocator]
@@ -18,19 +21,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// CPU per message at 20k msg/s, against 2.2-2.8 µs on one thread.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), async_nats::Error> {
-    let url = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "nats://127.0.0.1:4222".into());
-    let client = async_nats::ConnectOptions::new()
-        .name("bare_relay")
-        .subscription_capacity(1 << 20)
-        // As loopguard: no scan of each publish subject for whitespace.
-        .skip_subject_validation(true)
-        .connect(url)
-        .await?;
-    let mut raw = client.subscribe("chat.raw.>").await?;
-    client.flush().await?;
-    eprintln!("bare relay ready");
+    let (client, mut raw) = baseline::subscribe_raw("bare_relay").await?;
     while let Some(m) = raw.next().await {
         // chat.raw.<world>.<kind>.<name>
         let world = m.subject.split('.').nth(2).unwrap_or("unknown");

@@ -22,6 +22,9 @@
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
 use futures::StreamExt;
 
+#[path = "../benches/shared/baseline.rs"]
+mod baseline;
+
 #[path = "../benches/shared/workload.rs"]
 #[allow(dead_code)] // the producers' half of it is the benchmark's
 mod workload;
@@ -34,20 +37,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// loopguard's (whose clock the copies need not follow).
 const AT: &str = "2026-11-22T20:00:00.000Z";
 
+/// One runtime thread, as loopguard (by default) and the bare relay.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), async_nats::Error> {
-    let url = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "nats://127.0.0.1:4222".into());
-    let client = async_nats::ConnectOptions::new()
-        .name("copy_relay")
-        .subscription_capacity(1 << 20)
-        .skip_subject_validation(true)
-        .connect(url)
-        .await?;
-    let mut raw = client.subscribe("chat.raw.>").await?;
-    client.flush().await?;
-    eprintln!("copy relay ready");
+    let (client, mut raw) = baseline::subscribe_raw("copy_relay").await?;
     let agents: Vec<String> = (0..workload::AGENTS).map(|a| format!("a{a}")).collect();
     while let Some(m) = raw.next().await {
         // chat.raw.<world>.<kind>.<name>
