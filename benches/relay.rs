@@ -73,8 +73,9 @@ const WARM_UP_RATE: u64 = 40_000;
 /// Steps of the side-by-side CPU measurement of (b), (b2) and (c1).
 const PAIRED_STEPS: usize = 3;
 /// Turns of every world in the unmeasured warm-up of each set-up: by then
-/// each world's four agents have spoken (world % 10 of 1, 2, 6 or 7 hears
-/// its last one at turn 8), so loopguard's roster is whole and a human's
+/// each world's four agents have spoken (a world with world % 10 of 2 or 7
+/// hears its fourth at turn 7, of 1 or 6 at turn 8), so loopguard's roster
+/// is whole and a human's
 /// message goes to all four inboxes and an agent's to the inbox it
 /// mentions, as (a2) and (b2) send them.
 const WARM_UP_TURNS: u64 = 8;
@@ -419,14 +420,18 @@ impl Relay {
 
     /// Waits until the relay is idle (under 5% of a CPU over 200 ms), so a
     /// backlog a failed step left does not count against the next; at most
-    /// 15 s.
+    /// 15 s, and says so if the relay was still busy then.
     async fn until_idle(&self) -> Result<(), Error> {
         let deadline = Instant::now() + Duration::from_secs(15);
         let mut last = self.cpu()?;
         loop {
             tokio::time::sleep(Duration::from_millis(200)).await;
             let now = self.cpu()?;
-            if now - last <= Duration::from_millis(10) || Instant::now() > deadline {
+            if now - last <= Duration::from_millis(10) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                eprintln!("a relay was still busy 15 s after its step; going on");
                 return Ok(());
             }
             last = now;
@@ -610,8 +615,15 @@ async fn measure(
     let mut next = 0;
     // Warm-up, not measured: the first turns of every world, so the
     // measured steps find the worlds held and their agents known, as a
-    // long-running sidecar would.
-    send(url, setup, WARM_UP_RATE, WARM_UP_TURNS * WORLDS, &mut next).await?;
+    // long-running sidecar would. Direct set-ups hold nothing to warm: they
+    // skip to the same turn.
+    match &relay {
+        Some(relay) => {
+            send(url, setup, WARM_UP_RATE, WARM_UP_TURNS * WORLDS, &mut next).await?;
+            relay.until_idle().await?;
+        }
+        None => next = WARM_UP_TURNS * WORLDS,
+    }
 
     // Latency and CPU at the common rate.
     let cpu_before = relay.as_ref().map(|r| r.cpu()).transpose()?;
@@ -726,7 +738,7 @@ async fn measure(
 /// measured in the same seconds. Measured one after the other, as in the
 /// table, the figures come minutes apart, and the shared machine's state
 /// between them moved the (c1)/(b) ratio from 1.38 to 2.35 over one day's
-/// runs. After a warm-up that opens every world for loopguard, each of
+/// runs (against the old, multi-threaded (b)). After a warm-up that opens every world for loopguard, each of
 /// `PAIRED_STEPS` steps gives the three figures.
 async fn paired_cpu(url: &str, monitor: &str, dir: &std::path::Path) -> Result<Side, Error> {
     let bare = Relay::start(Setup::BareRelay, url, dir)?.ok_or("no bare relay")?;

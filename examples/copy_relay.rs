@@ -50,7 +50,8 @@ async fn main() -> Result<(), async_nats::Error> {
             continue;
         };
         let Some(seq) = workload::id_of(&m.payload) else {
-            // The benchmark's readiness probe: to the transcript as it is.
+            // The benchmark's readiness probes (any payload without the
+            // workload's numeric id): to the transcript as they are.
             client
                 .publish(join(&["chat.public.", world]), m.payload)
                 .await?;
@@ -83,7 +84,7 @@ async fn main() -> Result<(), async_nats::Error> {
                 let Some(a) = sender.strip_prefix('a').and_then(|a| a.parse::<u64>().ok()) else {
                     continue; // not the workload's
                 };
-                Some(agents[((a + 1) % workload::AGENTS) as usize].as_str())
+                Some(agents[(a % workload::AGENTS + 1) as usize % agents.len()].as_str())
             }
         };
         // A name-based UUID's length, like loopguard's message key.

@@ -27,10 +27,10 @@ cat <<'NOTES'
   stream of new worlds. Eight, because a world's fourth agent speaks at
   its eighth turn at the latest: from then on loopguard's roster is whole,
   a human's message goes to all four inboxes and an agent's to the inbox
-  it mentions. Runs before 2026-11-22 02:46 UTC warmed up with one turn, so
-  their measured steps caught rosters still filling (fewer copies per
-  message) and less state per world: their CPU and memory figures are
-  lower than this steady state's. The benchmark counts loss against what
+  it mentions. Published runs before 2026-11-22 02:46 UTC warmed up with
+  one turn, so their measured steps caught rosters still filling (fewer
+  copies per message) and less state per world: their CPU and memory
+  figures are lower than this steady state's. The benchmark counts loss against what
   loopguard should approve, so a rule rejecting more than the designed
   ~10% fails it.
 - **Spread-out turns.** Each world's conversation is shifted by
@@ -44,7 +44,7 @@ cat <<'NOTES'
   publishes one copy of each input, unchanged. For this workload the
   contract asks loopguard for about 1.8: a human's message to the
   transcript and four inboxes, an agent's to the inbox it mentions, a
-  duplicate's rejection event, each copy egress JSON about 1.7 times the
+  duplicate's rejection event, each copy egress JSON about 1.8 times the
   input's size with a `Nats-Msg-Id` header. Two set-ups measure what that
   output costs by itself:
   - **(a2)** publishes exactly those copies from the producers, with no
@@ -61,31 +61,33 @@ cat <<'NOTES'
     are the ones the workload's messages should yield; the run fails if
     not.
 
-  In the run of 2026-11-22 02:46 UTC, (a2) reached 0.64 of the bare
-  relay's rate and (b2) 0.54: target 1's (c1)/(b) ≥ 0.9 is out of reach
-  for any relay with this output on this machine, and (c2)/(b) ≥ 0.6 at
-  or past the reach. (c1) reached 0.80 of (b2)'s rate. For CPU, (b2) cost
-  1.53 times the bare relay in the table and 1.62-1.79 side by side
-  (median 1.67; 1.58-1.67 in a second side-by-side run twenty minutes
-  later): target 2's
-  (c1)/(b) ≤ 1.5 is at or below what loopguard's output costs before any
-  decision.
+  In the run above (2026-11-22 03:12 UTC; the run of 02:46 UTC in
+  brackets), (a2) reached 0.68 [0.64] of the bare relay's rate and (b2)
+  0.41 [0.54]: target 1's (c1)/(b) ≥ 0.9 is out of reach for any relay
+  with this output on this machine, and (c2)/(b) ≥ 0.6 past the reach.
+  (c1) reached 1.00 [0.80] of (b2)'s rate. For CPU, (b2) cost 2.15
+  [1.53] times the bare relay in the table and 1.67-2.00 [1.62-1.79]
+  side by side (median 1.71 [1.67]; two more side-by-side runs between
+  the two: 1.58-1.67 and 1.64-1.79): target 2's (c1)/(b) ≤ 1.5 is below
+  what loopguard's output costs before any decision.
 - **What loopguard's own work costs**: (c1)/(b2), the CPU loopguard spends
   beyond its output (parsing the JSON, the world's state, the rules,
-  building the egress JSON and the message key), was 2.40-2.48 side by
-  side in that run (2.38-2.80 in the second). A perf profile of loopguard
+  building the egress JSON and the message key), was 2.18-2.40 side by
+  side (median 2.38 [2.44]; 2.38-2.80 and 2.28-2.57 in the two runs
+  between) and 2.10 [2.07] in the table. A perf profile of loopguard
   side by side at 20k msg/s: about half its CPU in the decision, of which
   the largest parts are moka's world lookup (about 10% of the process:
   among 100,000 worlds each lookup misses the CPU caches) and recording
   the approved message in the world's state (about 10%, a third of it
-  growing the world's message map); about 20% in the NATS client's reads
-  and writes; the rest in the hand-off to the worker, the egress JSON and
-  the kernel's wake-ups. Most of the decision's cost here is memory
-  latency: in process (a plain release build), the same decisions take
-  about 2.6 µs each over 1,000 worlds (in the CPU caches) and 3.3 µs over
-  100,000; in the relay, sharing the CPUs and their caches with the
-  server, more again. (c1)/(b) was 3.16 in the table and 4.00-4.29 side
-  by side (median 4.07; 3.80-4.67 in the second run): not ≤ 1.5.
+  growing the world's message map, as young worlds do); about 20% in the
+  NATS client's reads and writes; the rest in the hand-off to the worker,
+  the egress JSON and the kernel's wake-ups. Much of the decision's cost
+  here is memory latency: in process, a build without LTO decided the
+  workload's messages in about 2.6 µs each over 1,000 worlds (in the CPU
+  caches) and 3.3 µs over 100,000 (a one-off measurement of 2026-11-22);
+  in the relay, sharing the CPUs and their caches with the server, more
+  again. (c1)/(b) was 4.54 [3.16] in the table and 4.00-4.36 [4.00-4.29]
+  side by side (median 4.07 [4.07]): not ≤ 1.5.
 - **The bare relay runs on one runtime thread** (since 2026-11-22), as
   loopguard does by default (`runtime.threads = 1`), and so does (b2).
   Before, (b) ran on `#[tokio::main]`'s multi-threaded runtime, whose
@@ -113,28 +115,28 @@ cat <<'NOTES'
   benchmarks inherit, uses fat LTO and one codegen unit. A decision runs
   through serde_json, moka, aho-corasick and hashbrown; inlined across them,
   with its code laid out together, loopguard's CPU per message fell about
-  10% side by side (above), and the single-decision tail below shrank.
+  10% side by side, and the single-decision tail below shrank.
 - **Profile-guided build.** Since 2026-11-22 loopguard here is the binary
   `make release` builds and the image ships (`scripts/pgo.sh`): an
   instrumented build runs this workload (core NATS, then a tenth as many
   messages through JetStream) against a local nats-server, and the final
   build is laid out and inlined for what it counted. Its CPU per message
-  is about a tenth lower than the plain release build's (7.5-8.8 against
-  8.8-10.0 µs side by side). It was trained on this benchmark's workload;
+  was about a tenth lower than the plain release build's (7.5-8.8 against
+  8.8-10.0 µs side by side, measured with the one-turn warm-up). It was trained on this benchmark's workload;
   a deployment's traffic differs in its mix, but runs the same code paths
   (parse, rules, routing, publish), which is what the profile orders. The
   criterion benchmarks below are of the plain release build.
-- **What sets loopguard's sustained rate**: the machine. At the first
-  failing rate loopguard's one runtime thread is about 65-72% busy, the
-  server about 65-72% and the benchmark about 33-37%, so the 2 CPUs are
-  full. A second runtime thread did not help on this 2-CPU machine (tried
+- **What sets loopguard's sustained rate**: the machine. At (c1)'s
+  failing rates loopguard's one runtime thread was 72-77% busy, the
+  server 68-77% and the benchmark 35-39%: together 180-190% of the 2
+  CPUs. A second runtime thread did not help on this 2-CPU machine (tried
   before the workload fix, not since).
 - **Peak RSS** is sampled over the steps that passed, and each world's
   history grows from step to step (remembered messages for parent lookups,
   the duplicate window), so it depends on which steps passed: in the run
-  of 2026-11-22 02:46 UTC (c1)'s last pass ended after about 18 messages
-  per world (512 MiB, about 5.2 KiB a world) and (c2)'s after about 24
-  (587 MiB, about 6 KiB). Idle worlds are measured on their own below;
+  above (c1)'s last pass ended after about 22 messages per world (572
+  MiB, about 5.9 KiB a world) and (c2)'s after about 27 (597 MiB, about
+  6.1 KiB). Idle worlds are measured on their own below;
   docs/operations.md gives a busy world's ceiling.
 - **No drops**: loopguard counted no slow-consumer drop at its sustained rate.
 NOTES

@@ -15,6 +15,7 @@ pub async fn subscribe_raw(
         .unwrap_or_else(|| "nats://127.0.0.1:4222".into());
     let client = async_nats::ConnectOptions::new()
         .name(name)
+        // As the benchmark configures loopguard (`nats.subscription_capacity`).
         .subscription_capacity(1 << 20)
         // As loopguard: no scan of each publish subject for whitespace.
         .skip_subject_validation(true)
