@@ -773,13 +773,13 @@ async fn paired_cpu(url: &str, monitor: &str, dir: &std::path::Path) -> Result<S
     let before = Output::now(monitor, &loopguard).await?;
     let mut steps = Vec::new();
     for _ in 0..PAIRED_STEPS {
-        let [b0, b20, c0] = relays.map(Relay::cpu);
+        let [b0, copying0, c0] = relays.map(Relay::cpu);
         send(url, Setup::LoopguardQuiet, COMMON_RATE, total, &mut next).await?;
         // Each step's CPU includes the relay's whole backlog.
         idle().await?;
         steps.push(Paired {
             bare: per_message(bare.cpu()? - b0?),
-            copying: per_message(copying.cpu()? - b20?),
+            copying: per_message(copying.cpu()? - copying0?),
             loopguard: per_message(loopguard.cpu()? - c0?),
         });
     }
