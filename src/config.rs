@@ -693,7 +693,7 @@ pub struct LowContentLimit {
     pub min_chars: u32,
     /// Whole messages that say nothing (compared after normalisation, with
     /// punctuation and emoji removed).
-    pub phrases: Vec<String>,
+    pub phrases: crate::rules::low_content::Phrases,
 }
 
 impl Default for LowContentLimit {
@@ -741,7 +741,11 @@ impl Default for LowContentLimit {
         LowContentLimit {
             enabled: false,
             min_chars: 2,
-            phrases: phrases.iter().map(|p| p.to_string()).collect(),
+            phrases: phrases
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .into(),
         }
     }
 }

@@ -23,7 +23,7 @@ use crate::events;
 use crate::json;
 use crate::metrics::{Handoff, Metrics, Outcome};
 use crate::names::Name;
-use crate::normalize::normalize_into;
+use crate::normalize::{normalize_into, substance_into};
 use crate::routing::{self, Route, Visibility};
 use crate::rules::{self, pass, Candidate, Context, Rejection, RuleName};
 use crate::state::{self, Approved, ContextEntry, Lineage, WorldState, Worlds};
@@ -428,8 +428,14 @@ impl Judge {
     /// What the rules and the state read of a content: the hash of its
     /// normalised form, and whether it holds a conclusion phrase. The text is
     /// normalised once, into a per-thread buffer, so the hot path allocates
-    /// nothing for it.
-    fn content_facts(&self, content: &str, settings: &Settings) -> (u64, bool) {
+    /// nothing for it. With `substance`, its substance (see
+    /// `normalize::substance`) is written there, from the same normalisation.
+    fn content_facts(
+        &self,
+        content: &str,
+        settings: &Settings,
+        substance: Option<&mut String>,
+    ) -> (u64, bool) {
         thread_local! {
             static BUFFER: RefCell<String> = const { RefCell::new(String::new()) };
         }
@@ -439,6 +445,10 @@ impl Judge {
             normalize_into(content, &mut buffer);
             let hash = self.hasher.hash_one(buffer.as_str());
             let concludes = settings.conclusions.found_in_normalized(&buffer);
+            if let Some(substance) = substance {
+                substance.reserve(buffer.len());
+                substance_into(&buffer, substance);
+            }
             if buffer.capacity() > 64 * 1024 {
                 *buffer = String::new(); // do not keep a huge one around
             }
@@ -503,11 +513,17 @@ impl Judge {
             env.parent_id.as_deref(),
             is_agent,
         );
-        let (content_hash, concludes) = self.content_facts(&env.content, settings);
-        // Content words only when the `similar` rule is on: it is the only
-        // reader, and the set costs a pass over the content.
+        // The substance and the content words only for the optional rules
+        // that read them (each costs a pass over the content).
+        let mut substance = String::new();
+        let wants_substance = limits.low_content.enabled || limits.similar.threshold > 0.0;
+        let (content_hash, concludes) = self.content_facts(
+            &env.content,
+            settings,
+            wants_substance.then_some(&mut substance),
+        );
         let words = if limits.similar.threshold > 0.0 {
-            rules::similar::words(&env.content)
+            rules::similar::words(&substance)
         } else {
             Vec::new()
         };
@@ -549,7 +565,7 @@ impl Judge {
         } else {
             let candidate = Candidate {
                 sender: &sender,
-                content: &env.content,
+                substance: &substance,
                 parent_is_agent: lineage.parent_is_agent,
                 words: &words,
                 depth: lineage.depth,
@@ -585,7 +601,7 @@ impl Judge {
         // A pass was rewritten into the hand-back: the state keeps the facts
         // of the new content.
         let (content_hash, concludes) = if d.outcome == Outcome::Edited {
-            self.content_facts(&env.content, settings)
+            self.content_facts(&env.content, settings, None)
         } else {
             (content_hash, concludes)
         };

@@ -4,8 +4,58 @@
 //! and digits. Such replies keep a loop alive without moving it; to a human
 //! they stay allowed.
 
+use std::collections::HashSet;
+
+use serde::{Deserialize, Serialize};
+
 use super::{Context, Rule, RuleName, Verdict};
 use crate::normalize::substance;
+
+/// `rules.low_content.phrases`: the phrases as configured, and their
+/// substances, which a message's substance is compared with. Worked out
+/// once, when the configuration is read, not for every message: up to 1,000
+/// phrases each normalised per message cost more than the whole decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "Vec<String>", into = "Vec<String>")]
+pub struct Phrases {
+    listed: Vec<String>,
+    substances: HashSet<String, foldhash::fast::RandomState>,
+    /// Length of the longest substance: a longer text matches none.
+    longest: usize,
+}
+
+impl Phrases {
+    pub fn len(&self) -> usize {
+        self.listed.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.listed.is_empty()
+    }
+
+    /// True when `substance` is one of the phrases' substances.
+    pub fn matches(&self, substance: &str) -> bool {
+        substance.len() <= self.longest && self.substances.contains(substance)
+    }
+}
+
+impl From<Vec<String>> for Phrases {
+    fn from(listed: Vec<String>) -> Phrases {
+        let substances: HashSet<String, _> = listed.iter().map(|p| substance(p)).collect();
+        let longest = substances.iter().map(String::len).max().unwrap_or(0);
+        Phrases {
+            listed,
+            substances,
+            longest,
+        }
+    }
+}
+
+impl From<Phrases> for Vec<String> {
+    fn from(phrases: Phrases) -> Vec<String> {
+        phrases.listed
+    }
+}
 
 pub struct LowContent;
 
@@ -19,15 +69,21 @@ impl Rule for LowContent {
         if !limits.enabled || !cx.msg.parent_is_agent {
             return Verdict::Allow;
         }
-        let text = substance(cx.msg.content);
-        let letters = text.chars().filter(|c| c.is_alphanumeric()).count();
-        if letters < limits.min_chars as usize {
+        let text = cx.msg.substance;
+        // Counted up to the minimum only: below it, the count is exact.
+        let min_chars = limits.min_chars as usize;
+        let letters = text
+            .chars()
+            .filter(|c| c.is_alphanumeric())
+            .take(min_chars)
+            .count();
+        if letters < min_chars {
             return Verdict::reject(
                 self.name(),
                 format!("a reply to an agent with {letters} letters or digits says nothing (minimum {})", limits.min_chars),
             );
         }
-        if limits.phrases.iter().any(|p| substance(p) == text) {
+        if limits.phrases.matches(text) {
             return Verdict::reject(
                 self.name(),
                 format!("\"{text}\" only acknowledges another agent and adds nothing"),
@@ -86,6 +142,28 @@ mod tests {
             f.check_content(&LowContent, "thanks", false).allows(),
             "a reply to a human"
         );
+    }
+
+    #[test]
+    fn phrases_match_by_their_substance_and_read_back_as_written() {
+        let listed = vec!["Roger that!".to_string(), "👍 LGTM".to_string()];
+        let phrases = Phrases::from(listed.clone());
+        assert!(phrases.matches("roger that"));
+        assert!(phrases.matches("lgtm"));
+        assert!(!phrases.matches("roger"));
+        assert!(!phrases.matches("roger that now"));
+        // What the configuration shows and what a world's section merges.
+        let json = serde_json::to_value(&phrases).unwrap();
+        assert_eq!(json, serde_json::json!(listed));
+        let back: Phrases = serde_json::from_value(json).unwrap();
+        assert_eq!(back, phrases);
+
+        let mut l = RulesConfig::default();
+        l.low_content.enabled = true;
+        l.low_content.phrases = listed.into();
+        let f = Fixture::new(l);
+        assert!(f.check_content(&LowContent, "@bob ROGER, that.", true).rejects());
+        assert!(f.check_content(&LowContent, "ok", true).allows(), "not listed");
     }
 
     #[test]

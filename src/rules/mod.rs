@@ -111,8 +111,9 @@ impl serde::Serialize for RuleName {
 #[derive(Debug, Clone)]
 pub struct Candidate<'a> {
     pub sender: &'a Name,
-    /// The content as sent (rules that read words normalise it themselves).
-    pub content: &'a str,
+    /// The content's substance (see `normalize::substance`): what
+    /// `low_content` and `similar` read; empty unless one of them is on.
+    pub substance: &'a str,
     /// Its resolved parent is an agent's message.
     pub parent_is_agent: bool,
     /// Its content words (see `similar::words`); empty unless `similar` is on.
@@ -289,9 +290,10 @@ pub(crate) mod testing {
             content_hash: u64,
             secs: u64,
         ) -> Verdict {
+            let substance = crate::normalize::substance(content);
             let msg = Candidate {
                 sender,
-                content,
+                substance: &substance,
                 parent_is_agent,
                 words: &[],
                 depth,
@@ -333,7 +335,7 @@ mod tests {
         // turns, duplicate and cooldown all fail: turns comes first.
         let msg = Candidate {
             sender: &f.agent,
-            content: "",
+            substance: "",
             parent_is_agent: false,
             words: &[],
             depth: 1,

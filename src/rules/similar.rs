@@ -11,11 +11,12 @@
 //! Exact Jaccard over sorted hashes costs about what a MinHash signature
 //! would at chat-message sizes, and estimates nothing.
 
-use std::hash::{BuildHasher, Hasher};
+use std::collections::HashSet;
+use std::hash::BuildHasher;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use super::{Context, Rule, RuleName, Verdict};
-use crate::normalize::substance;
 
 /// Most content words kept per message (the rest are ignored).
 pub const MAX_WORDS: usize = 64;
@@ -23,39 +24,40 @@ pub const MAX_WORDS: usize = 64;
 /// Words that carry no meaning of their own in a reply.
 const STOP_WORDS: &[&str] = &[
     "a", "an", "and", "are", "as", "at", "be", "but", "by", "can", "could", "do", "for", "from",
-    "has", "have", "i", "if", "in", "is", "it", "its", "just", "let", "lets", "me", "maybe", "my",
+    "has", "have", "i", "if", "in", "is", "it", "its", "just", "let", "lets", "maybe", "me", "my",
     "of", "on", "or", "our", "really", "s", "should", "so", "that", "the", "then", "this", "to",
     "us", "very", "we", "will", "with", "would", "you", "your",
 ];
 
-/// Hashes words with fixed keys: the sets are compared within one process
-/// only, and a per-process random key gains nothing here.
-#[derive(Default, Clone, Copy)]
-struct WordHasher;
+/// Length of the longest of `STOP_WORDS`.
+const LONGEST_STOP_WORD: usize = 6;
 
-impl BuildHasher for WordHasher {
-    type Hasher = std::collections::hash_map::DefaultHasher;
-    fn build_hasher(&self) -> Self::Hasher {
-        std::collections::hash_map::DefaultHasher::new()
-    }
-}
+/// Hashes words with a fixed seed: the sets are compared within one process
+/// only, and go into no hash table a client could crowd. foldhash, not
+/// SipHash: a message has dozens of words, and SipHash cost more than the
+/// rest of the set's making.
+const WORD_HASHER: foldhash::quality::FixedState = foldhash::quality::FixedState::with_seed(0);
 
-/// The sorted, deduplicated hashes of `content`'s content words.
-pub fn words(content: &str) -> Vec<u64> {
-    let text = substance(content);
-    let mut hashes: Vec<u64> = text
+/// The sorted, deduplicated hashes of the content words of `substance`
+/// (a message's text as [`substance`](crate::normalize::substance) gives
+/// it: the judge works it out once for the rules that read it).
+pub fn words(substance: &str) -> Vec<u64> {
+    let mut hashes: Vec<u64> = substance
         .split(' ')
-        .filter(|w| !w.is_empty() && !STOP_WORDS.contains(w))
+        .filter(|w| !w.is_empty() && !is_stop_word(w))
         .take(MAX_WORDS)
-        .map(|w| {
-            let mut h = WordHasher.build_hasher();
-            h.write(stem(w).as_bytes());
-            h.finish()
-        })
+        .map(|w| WORD_HASHER.hash_one(stem(w)))
         .collect();
     hashes.sort_unstable();
     hashes.dedup();
     hashes
+}
+
+fn is_stop_word(w: &str) -> bool {
+    static SET: LazyLock<HashSet<&str, foldhash::fast::FixedState>> =
+        LazyLock::new(|| STOP_WORDS.iter().copied().collect());
+    // Most words are longer than any stop word: no lookup for them.
+    w.len() <= LONGEST_STOP_WORD && SET.contains(w)
 }
 
 /// A light suffix stemmer, so "agree" and "agreed", "test" and "tests"
@@ -131,6 +133,7 @@ impl Rule for Similar {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::normalize::substance;
 
     /// (earlier message, new message, should count as an echo at 0.6)
     const CASES: &[(&str, &str, bool)] = &[
@@ -175,10 +178,18 @@ mod tests {
     #[test]
     fn reworded_echoes_score_high_and_distinct_answers_low() {
         for (a, b, echo) in CASES {
-            let s = jaccard(&words(a), &words(b));
+            let s = jaccard(&words(&substance(a)), &words(&substance(b)));
             println!("{s:.2}  {a:?} / {b:?}");
             assert_eq!(s >= 0.6, *echo, "{s:.2} for {a:?} vs {b:?}");
         }
+    }
+
+    #[test]
+    fn stop_words_are_no_longer_than_the_longest() {
+        let longest = STOP_WORDS.iter().map(|w| w.len()).max();
+        assert_eq!(longest, Some(LONGEST_STOP_WORD));
+        assert!(words("the a with your").is_empty());
+        assert_eq!(words("the tests").len(), 1);
     }
 
     #[test]
