@@ -201,7 +201,15 @@ cat <<'NOTES'
 - **loopguard's optional rules** (alternation, similar, low_content, budget,
   concluded; off by default and in the relay benchmark) are measured on
   their own line above, set so that they seldom reject: the approval share
-  printed before each benchmark says they did not.
+  printed before each benchmark says they did not. Since 2026-11-22 they
+  cost half the instructions they did. `low_content` normalised each of its
+  phrases (38 by default, up to 1,000) for every reply between agents;
+  they are now reduced once, when the configuration is read. `similar`
+  searched its stop words one by one and hashed words with SipHash; and
+  both rules normalised the content again, where the duplicate rule's
+  normalisation now serves them. Callgrind, 12,000 decisions over 2,000
+  worlds: 71.3k instructions each with every optional rule on before,
+  35.8k after; 16.9k and 17.0k with them off (the same path).
 NOTES
 echo
 echo "## Memory per idle world (in process, no NATS)"

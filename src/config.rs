@@ -576,6 +576,15 @@ pub struct RulesConfig {
     pub policy: PolicyHook,
 }
 
+impl RulesConfig {
+    /// A rule that reads a message's substance (`low_content`, `similar`)
+    /// is on: the judge works the substance out only then, and the rules
+    /// test the same switches.
+    pub fn reads_substance(&self) -> bool {
+        self.low_content.enabled || self.similar.is_on()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TurnsLimit {
@@ -674,6 +683,12 @@ pub struct SimilarLimit {
 }
 
 impl Eq for SimilarLimit {}
+
+impl SimilarLimit {
+    pub fn is_on(&self) -> bool {
+        self.threshold > 0.0
+    }
+}
 
 impl Default for SimilarLimit {
     fn default() -> Self {
@@ -1179,6 +1194,23 @@ mod tests {
         assert_eq!(lobby.agents[0].as_str(), "alice");
         let other = s.world(&Name::parse("other").unwrap());
         assert_eq!(other.rules.turns.max, 20);
+    }
+
+    #[test]
+    fn a_world_section_phrase_list_is_matched_by_its_substance() {
+        let s = load_toml(
+            "[worlds.lobby]\nrules.low_content.phrases = [\"Yo!\", \"Roger that\"]\n",
+            &[],
+        )
+        .unwrap();
+        let lobby = &s.world(&Name::parse("lobby").unwrap()).rules.low_content;
+        assert!(lobby.phrases.matches("yo") && lobby.phrases.matches("roger that"));
+        assert!(
+            !lobby.phrases.matches("ok"),
+            "the section replaces the list"
+        );
+        let other = &s.world(&Name::parse("other").unwrap()).rules.low_content;
+        assert!(other.phrases.matches("ok") && !other.phrases.matches("yo"));
     }
 
     #[test]

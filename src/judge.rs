@@ -516,13 +516,12 @@ impl Judge {
         // The substance and the content words only for the optional rules
         // that read them (each costs a pass over the content).
         let mut substance = String::new();
-        let wants_substance = limits.low_content.enabled || limits.similar.threshold > 0.0;
         let (content_hash, concludes) = self.content_facts(
             &env.content,
             settings,
-            wants_substance.then_some(&mut substance),
+            limits.reads_substance().then_some(&mut substance),
         );
-        let words = if limits.similar.threshold > 0.0 {
+        let words = if limits.similar.is_on() {
             rules::similar::words(&substance)
         } else {
             Vec::new()

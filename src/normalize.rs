@@ -146,10 +146,12 @@ mod tests {
     fn contents(ascii: bool) -> impl proptest::strategy::Strategy<Value = String> {
         let mut pieces = vec![
             "Hello", "wOrld", "x.Y", " ", " ", " ", "  ", "\t", "\x0b", "\x0c", "\r\n", "\n",
-            "@bob", "@a,", ",", ": ",
+            "@bob", "@a,", ",", ": ", "42",
         ];
         if !ascii {
-            pieces.extend(["É", "ΣΑΣ", "İ", "ß", "🙂", "\u{a0}", "\u{2003}"]);
+            pieces.extend([
+                "É", "ΣΑΣ", "İ", "ß", "🙂", "\u{a0}", "\u{2003}", "²", "٣", "日本",
+            ]);
         }
         proptest::collection::vec(proptest::sample::select(pieces), 0..16).prop_map(|p| p.concat())
     }

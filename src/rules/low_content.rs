@@ -18,7 +18,10 @@ use crate::normalize::substance;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "Vec<String>", into = "Vec<String>")]
 pub struct Phrases {
+    /// As written: what the configuration serialises back to, and what a
+    /// world's `rules` section merges over.
     listed: Vec<String>,
+    /// What a message's substance is looked up in.
     substances: HashSet<String, foldhash::fast::RandomState>,
     /// Length of the longest substance: a longer text matches none.
     longest: usize,
@@ -162,8 +165,13 @@ mod tests {
         l.low_content.enabled = true;
         l.low_content.phrases = listed.into();
         let f = Fixture::new(l);
-        assert!(f.check_content(&LowContent, "@bob ROGER, that.", true).rejects());
-        assert!(f.check_content(&LowContent, "ok", true).allows(), "not listed");
+        assert!(f
+            .check_content(&LowContent, "@bob ROGER, that.", true)
+            .rejects());
+        assert!(
+            f.check_content(&LowContent, "ok", true).allows(),
+            "not listed"
+        );
     }
 
     #[test]

@@ -30,7 +30,16 @@ const STOP_WORDS: &[&str] = &[
 ];
 
 /// Length of the longest of `STOP_WORDS`.
-const LONGEST_STOP_WORD: usize = 6;
+const LONGEST_STOP_WORD: usize = {
+    let (mut i, mut longest) = (0, 0);
+    while i < STOP_WORDS.len() {
+        if STOP_WORDS[i].len() > longest {
+            longest = STOP_WORDS[i].len();
+        }
+        i += 1;
+    }
+    longest
+};
 
 /// Hashes words with a fixed seed: the sets are compared within one process
 /// only, and go into no hash table a client could crowd. foldhash, not
@@ -106,7 +115,7 @@ impl Rule for Similar {
 
     fn check(&self, cx: &Context<'_>) -> Verdict {
         let limits = &cx.limits.similar;
-        if limits.threshold <= 0.0 || cx.msg.words.is_empty() {
+        if !limits.is_on() || cx.msg.words.is_empty() {
             return Verdict::Allow;
         }
         let window = Duration::from_secs(limits.window_seconds);
@@ -185,10 +194,8 @@ mod tests {
     }
 
     #[test]
-    fn stop_words_are_no_longer_than_the_longest() {
-        let longest = STOP_WORDS.iter().map(|w| w.len()).max();
-        assert_eq!(longest, Some(LONGEST_STOP_WORD));
-        assert!(words("the a with your").is_empty());
+    fn stop_words_are_dropped() {
+        assert!(words("the a with your really should").is_empty());
         assert_eq!(words("the tests").len(), 1);
     }
 
