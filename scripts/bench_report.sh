@@ -61,33 +61,40 @@ cat <<'NOTES'
     are the ones the workload's messages should yield; the run fails if
     not.
 
-  In the run above (2026-11-22 03:12 UTC; the run of 02:46 UTC in
-  brackets), (a2) reached 0.68 [0.64] of the bare relay's rate and (b2)
-  0.41 [0.54]: target 1's (c1)/(b) ≥ 0.9 is out of reach for any relay
-  with this output on this machine, and (c2)/(b) ≥ 0.6 past the reach.
-  (c1) reached 1.00 [0.80] of (b2)'s rate. For CPU, (b2) cost 2.15
-  [1.53] times the bare relay in the table and 1.67-2.00 [1.62-1.79]
-  side by side (median 1.71 [1.67]; two more side-by-side runs between
-  the two: 1.58-1.67 and 1.64-1.79): target 2's (c1)/(b) ≤ 1.5 is below
-  what loopguard's output costs before any decision.
+  In the run above (2026-11-22 04:07 UTC; the runs of 03:12 and 02:46
+  UTC in brackets), (a2) reached 0.64 [0.68, 0.64] of the bare relay's
+  rate and (b2) 0.64 [0.41, 0.54]: target 1's (c1)/(b) ≥ 0.9 is out of
+  reach for any relay with this output on this machine, and (c2)/(b) ≥
+  0.6 past the reach. (c1) reached 0.61 [1.00, 0.80] of (b2)'s rate. For
+  CPU, (b2) cost 2.07 [2.15, 1.53] times the bare relay in the table and
+  1.67-1.80 side by side (median 1.75 [1.71, 1.67]; two more side-by-side
+  runs on 2026-11-22: 1.58-1.67 and 1.64-1.79): target 2's (c1)/(b) ≤ 1.5
+  is below what loopguard's output costs before any decision.
 - **What loopguard's own work costs**: (c1)/(b2), the CPU loopguard spends
   beyond its output (parsing the JSON, the world's state, the rules,
-  building the egress JSON and the message key), was 2.18-2.40 side by
-  side (median 2.38 [2.44]; 2.38-2.80 and 2.28-2.57 in the two runs
-  between) and 2.10 [2.07] in the table. A perf profile of loopguard
-  side by side at 20k msg/s: about half its CPU in the decision, of which
-  the largest parts are moka's world lookup (about 10% of the process:
-  among 100,000 worlds each lookup misses the CPU caches) and recording
-  the approved message in the world's state (about 10%, a third of it
-  growing the world's message map, as young worlds do); about 20% in the
-  NATS client's reads and writes; the rest in the hand-off to the worker,
-  the egress JSON and the kernel's wake-ups. Much of the decision's cost
-  here is memory latency: in process, a build without LTO decided the
-  workload's messages in about 2.6 µs each over 1,000 worlds (in the CPU
-  caches) and 3.3 µs over 100,000 (a one-off measurement of 2026-11-22);
-  in the relay, sharing the CPUs and their caches with the server, more
-  again. (c1)/(b) was 4.54 [3.16] in the table and 4.00-4.36 [4.00-4.29]
-  side by side (median 4.07 [4.07]): not ≤ 1.5.
+  building the egress JSON and the message key), was 2.26-2.40 side by
+  side (median 2.32 [2.38, 2.44]; 2.38-2.80 and 2.28-2.57 in two more
+  runs) and 2.24 [2.10, 2.07] in the table. A perf profile of loopguard
+  alone, in the rate search's first steps (40-50k msg/s; 2026-11-22
+  03:25 UTC): about 64% of its CPU in
+  the decision, of which moka's world lookup is 12% of the process (among
+  100,000 worlds each lookup misses the CPU caches) and recording the
+  approved message about 9% (a third of it growing young worlds' message
+  maps, whose rehash reads every key); about 18% in the NATS client's
+  connection task; the rest in the hand-off to the worker, the egress
+  JSON and the kernel's wake-ups. Allocation is about 14% of the process
+  across those parts, more than its instructions suggest: in a callgrind
+  cache simulation over 100,000 worlds, taking a block off mimalloc's
+  free list was 15% of all first-level cache misses (about eight a
+  decision), the blocks being cold. jemalloc in its place measured the
+  same (loopguard alone, 40-78k msg/s, within the run-to-run noise). Much
+  of the decision's cost here is memory latency: in process, a build
+  without LTO decided the workload's messages in about 2.6 µs each over
+  1,000 worlds (in the CPU caches) and 3.3 µs over 100,000 (a one-off
+  measurement of 2026-11-22); in the relay, sharing the CPUs and their
+  caches with the server, more again. (c1)/(b) was 4.64 [4.54, 3.16] in
+  the table and 4.00-4.07 side by side (median 4.06 [4.07, 4.07]): not ≤
+  1.5.
 - **The bare relay runs on one runtime thread** (since 2026-11-22), as
   loopguard does by default (`runtime.threads = 1`), and so does (b2).
   Before, (b) ran on `#[tokio::main]`'s multi-threaded runtime, whose
@@ -129,14 +136,15 @@ cat <<'NOTES'
 - **What sets loopguard's sustained rate**: the machine. At (c1)'s
   failing rates loopguard's one runtime thread was 72-77% busy, the
   server 68-77% and the benchmark 35-39%: together 180-190% of the 2
-  CPUs. A second runtime thread did not help on this 2-CPU machine (tried
+  CPUs (the run of 03:12 UTC; in the slower run above, 63-66%, 67-68% and
+  32-35%, with the same pattern of the three rising together). A second runtime thread did not help on this 2-CPU machine (tried
   before the workload fix, not since).
 - **Peak RSS** is sampled over the steps that passed, and each world's
   history grows from step to step (remembered messages for parent lookups,
   the duplicate window), so it depends on which steps passed: in the run
-  above (c1)'s last pass ended after about 22 messages per world (572
-  MiB, about 5.9 KiB a world) and (c2)'s after about 27 (597 MiB, about
-  6.1 KiB). Idle worlds are measured on their own below;
+  above (c1)'s and (c2)'s last passes ended after about 26 and 27
+  messages per world (595 and 603 MiB, about 6.1 and 6.2 KiB a world; in
+  the run of 03:12 UTC, 22 and 27 messages, 572 and 597 MiB). Idle worlds are measured on their own below;
   docs/operations.md gives a busy world's ceiling.
 - **No drops**: loopguard counted no slow-consumer drop at its sustained rate.
 NOTES
@@ -174,8 +182,8 @@ cat <<'NOTES'
   does it inside one. The benchmark times the same decisions both ways:
   back to back (the saturated case) and with the upkeep between them,
   untimed (a worker below saturation). In the runs of 2026-11-22 01:35,
-  01:56 and 02:46 UTC: p99 5.32, 5.14 and 6.05 µs back to back, 4.23,
-  3.58 and 4.11 µs with the upkeep between. The mean cost of the upkeep is small (a few %
+  01:56, 02:46 and 04:12 UTC: p99 5.32, 5.14, 6.05 and 5.70 µs back to
+  back, 4.23, 3.58, 4.11 and 3.98 µs with the upkeep between. The mean cost of the upkeep is small (a few %
   of a decision) and the same either way.
 - **Instructions per decision**, counted by callgrind (repeatable where
   timings are not): 60,000 decisions over 10,000 worlds with the relay's
@@ -197,7 +205,11 @@ cat <<'NOTES'
   count, not criterion's time, is what shows that change. A run of
   2026-11-22 caught a slow stretch (the mention parser, unchanged, took
   158 ns on average; 80-91 ns on calm runs) and gave 4.31 µs; the calm
-  runs of 01:35, 01:56 and 02:46 UTC, 2.36, 2.15 and 2.41 µs.
+  runs of 01:35, 01:56, 02:46 and 04:12 UTC, 2.36, 2.15, 2.41 and 2.50
+  µs. The decision benchmark of `make bench` at 04:08 UTC caught another
+  (the parser 109 ns): 2.86 µs, p99 8.42 µs back to back and 5.84 with
+  the upkeep between; the figures above are its rerun at 04:12, after a
+  change to the optional rules only.
 - **loopguard's optional rules** (alternation, similar, low_content, budget,
   concluded; off by default and in the relay benchmark) are measured on
   their own line above, set so that they seldom reject: the approval share
