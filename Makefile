@@ -84,14 +84,17 @@ release: deps
 	CARGO=$(CARGO) scripts/pgo.sh
 
 # The relay benchmark (loopguard beside its baselines, loopguard as `make
-# release` builds it), the criterion micro-benchmarks (plain release build)
-# and memory per idle world; kept in docs/benchmarks.md.
+# release` builds it), the criterion micro-benchmarks (plain release build),
+# memory per idle world and resident memory under a flood of unique worlds
+# (`make memory` at the relay workload's 100,000 worlds); kept in
+# docs/benchmarks.md.
 bench: deps release
 	$(CARGO) build --release --bin loopguard --example bare_relay --example copy_relay
 	LOOPGUARD_BIN=target/pgo/loopguard $(CARGO) bench --bench relay | tee target/bench-relay.md
 	$(CARGO) bench --bench decision -- --warm-up-time 1 --measurement-time 3 | tee target/bench-decision.txt
 	$(CARGO) bench --bench state_memory | tee target/bench-state-memory.md
-	scripts/bench_report.sh target/bench-relay.md target/bench-decision.txt target/bench-state-memory.md > docs/benchmarks.md
+	MAX_WORLDS=100000 scripts/memory.sh | tee target/bench-flood.md
+	scripts/bench_report.sh target/bench-relay.md target/bench-decision.txt target/bench-state-memory.md target/bench-flood.md > docs/benchmarks.md
 
 # Resident memory under floods of unique worlds, agents, threads, contents.
 memory: deps

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Writes docs/benchmarks.md from the outputs of `make bench`.
 set -euo pipefail
-relay=$1 decision=$2 memory=$3
+relay=$1 decision=$2 memory=$3 flood=$4
 cat <<HEAD
 # Benchmarks
 
@@ -230,3 +230,23 @@ echo "\`cargo bench --bench state_memory\`: a judge decides messages for N uniqu
 echo "worlds; resident growth divided by N, each size in a fresh process."
 echo
 cat "$memory"
+cat <<'NOTES'
+
+## Resident memory under a flood of unique worlds
+
+`make memory` (`scripts/memory.sh`, `examples/flood.rs`) at
+`state.max_worlds = 100000`: a release loopguard over NATS, flooded with
+unique worlds far past `max_worlds`, then with unique agents, threads and
+contents in one world. Each phase waits until loopguard has decided all
+it was sent, then reads its VmRSS; time is from the flood's start.
+
+NOTES
+head -n 1 "$flood"
+echo
+tail -n +2 "$flood"
+cat <<'NOTES'
+
+Resident memory levels off once the cache holds `max_worlds` worlds: the
+least recently used are evicted as new ones come, and within a world every
+structure has its cap (docs/operations.md, Memory).
+NOTES
