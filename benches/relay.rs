@@ -21,8 +21,11 @@
 //! - (c1) loopguard, `events.approved = false`, every rule of the contract
 //!   on (pass, turns, depth, duplicate, cooldown, rate); the rules loopguard
 //!   adds (alternation, similar, low_content, budget, concluded) are off, as
-//!   by default: the decision benchmark measures what they cost;
-//! - (c2) the same, every event published.
+//!   by default;
+//! - (c2) the same, every event published;
+//! - (c3) (c1) with the rules loopguard adds on too
+//!   (benches/shared/optional_rules.toml), set so that they seldom reject
+//!   this workload: every rule loopguard has, on.
 //!
 //! loopguard is the binary `LOOPGUARD_BIN` names when set (`make bench`
 //! sets the profile-guided build of `make release`, which the image ships),
@@ -88,6 +91,8 @@ enum Setup {
     CopyRelay,
     LoopguardQuiet,
     LoopguardEvents,
+    /// (c1) with loopguard's own rules on too (benches/shared/optional_rules.toml).
+    LoopguardEveryRule,
 }
 
 impl Setup {
@@ -99,6 +104,9 @@ impl Setup {
             Setup::CopyRelay => "(b2) copying relay",
             Setup::LoopguardQuiet => "(c1) loopguard, approved events off",
             Setup::LoopguardEvents => "(c2) loopguard, all events",
+            Setup::LoopguardEveryRule => {
+                "(c3) loopguard, its optional rules on too, approved events off"
+            }
         }
     }
     /// The set-up's tag in the step log.
@@ -110,10 +118,14 @@ impl Setup {
             Setup::CopyRelay => "(b2)",
             Setup::LoopguardQuiet => "(c1)",
             Setup::LoopguardEvents => "(c2)",
+            Setup::LoopguardEveryRule => "(c3)",
         }
     }
     fn is_loopguard(self) -> bool {
-        matches!(self, Setup::LoopguardQuiet | Setup::LoopguardEvents)
+        matches!(
+            self,
+            Setup::LoopguardQuiet | Setup::LoopguardEvents | Setup::LoopguardEveryRule
+        )
     }
     /// Producers publish egress themselves: no relay process.
     fn is_direct(self) -> bool {
@@ -359,7 +371,7 @@ impl Relay {
                     .spawn()?;
                 Ok(Some(Relay { child, http: None }))
             }
-            Setup::LoopguardQuiet | Setup::LoopguardEvents => {
+            Setup::LoopguardQuiet | Setup::LoopguardEvents | Setup::LoopguardEveryRule => {
                 let port = std::net::TcpListener::bind("127.0.0.1:0")?
                     .local_addr()?
                     .port();
@@ -369,9 +381,13 @@ impl Relay {
                     format!(
                         "[nats]\nurl = \"{url}\"\nsubscription_capacity = 1048576\n\
                          [http]\nlisten = \"127.0.0.1:{port}\"\n\
-                         [events]\napproved = {}\n{}",
+                         [events]\napproved = {}\n{}{}",
                         setup == Setup::LoopguardEvents,
                         include_str!("shared/loopguard.toml"),
+                        match setup {
+                            Setup::LoopguardEveryRule => include_str!("shared/optional_rules.toml"),
+                            _ => "",
+                        },
                     ),
                 )?;
                 let child = Command::new(loopguard_bin())
@@ -940,6 +956,7 @@ async fn main() -> Result<(), Error> {
         ("b2", Setup::CopyRelay),
         ("c1", Setup::LoopguardQuiet),
         ("c2", Setup::LoopguardEvents),
+        ("c3", Setup::LoopguardEveryRule),
     ] {
         if !only.is_empty() && !only.split(',').any(|k| k == key) {
             continue;
@@ -991,7 +1008,7 @@ async fn main() -> Result<(), Error> {
         Err(_) => "cargo's plain release build (no profile-guided optimisation)".to_string(),
     };
     println!("loopguard: {build}.");
-    println!("Workload: {WORLDS} worlds × {AGENTS} agents, a human message after every 4 agent messages, @mentions, ~200-byte unique contents, 10% duplicates (loopguard approves ~90%). loopguard runs the contract's six rules (its own optional rules off, as by default). Steps of {}s; sustained = loss < 0.1% and p99 < 50 ms; latency at {COMMON_RATE} msg/s.\n", STEP.as_secs());
+    println!("Workload: {WORLDS} worlds × {AGENTS} agents, a human message after every 4 agent messages, @mentions, ~200-byte unique contents, 10% duplicates (loopguard approves ~90%). loopguard runs the contract's six rules (its own optional rules off, as by default), and in (c3) its optional rules too. Steps of {}s; sustained = loss < 0.1% and p99 < 50 ms; latency at {COMMON_RATE} msg/s.\n", STEP.as_secs());
     println!("| set-up | max sustained msg/s | p50 ms | p99 ms | p99.9 ms | relay CPU µs/msg | relay peak RSS MiB | loopguard drops |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
@@ -1053,6 +1070,18 @@ async fn main() -> Result<(), Error> {
         }
         if let (Some(x), Some(y)) = (c2.cpu_us, b.cpu_us) {
             println!("| (c2)/(b) CPU per message | {:.2} | — |", x / y);
+        }
+        if let Some(c3) = get(Setup::LoopguardEveryRule) {
+            println!(
+                "| (c3)/(b) sustained rate: every rule on | {:.2} | — |",
+                c3.max.rate as f64 / b.max.rate as f64
+            );
+            if let (Some(x), Some(y)) = (c3.cpu_us, b.cpu_us) {
+                println!(
+                    "| (c3)/(b) CPU per message: every rule on | {:.2} | — |",
+                    x / y
+                );
+            }
         }
     }
     if let Some(Side {
