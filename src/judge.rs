@@ -119,7 +119,7 @@ struct Effects {
     /// The agent turn count the message takes (agents only).
     turn: Option<u32>,
     /// Content words for `similar` (none for an edited pass).
-    words: Option<Vec<u64>>,
+    words: Option<rules::similar::Words>,
     /// The id as the world remembers it: a thread's first message shares
     /// its thread's string.
     id: Arc<str>,
@@ -524,7 +524,7 @@ impl Judge {
         let words = if limits.similar.is_on() {
             rules::similar::words(&substance)
         } else {
-            Vec::new()
+            rules::similar::Words::default()
         };
 
         let mut d = Decision {

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::{Settings, WorldSettings};
 use crate::names::Name;
+use crate::rules::similar::Words;
 
 /// Most agents on one world's roster; the least recently seen go first.
 pub const MAX_AGENTS: usize = 1024;
@@ -237,7 +238,7 @@ pub struct WorldState {
 #[derive(Debug, Default)]
 struct Extras {
     /// (approved at, content words) for the `similar` rule, oldest first.
-    word_sets: VecDeque<(Instant, Arc<[u64]>)>,
+    word_sets: VecDeque<(Instant, Words)>,
     /// Agents that spoke since the last human or system message, in order
     /// (kept while `alternation` is on).
     speakers: VecDeque<Name>,
@@ -538,25 +539,25 @@ impl WorldState {
     }
 
     /// Remembers an approved message's content words for `similar`.
-    pub fn remember_words(&mut self, now: Instant, words: Vec<u64>) {
+    pub fn remember_words(&mut self, now: Instant, words: Words) {
         if words.is_empty() {
             return;
         }
         push_window(
             &mut self.extras_mut().word_sets,
-            (now, Arc::from(words)),
+            (now, words),
             MAX_SIMILAR_WINDOW,
         );
     }
 
     /// Content words of approved messages younger than `window`.
-    pub fn recent_words(&self, now: Instant, window: Duration) -> impl Iterator<Item = &[u64]> {
+    pub fn recent_words(&self, now: Instant, window: Duration) -> impl Iterator<Item = &Words> {
         self.extras()
             .word_sets
             .iter()
             .rev()
             .take_while(move |(at, _)| now.saturating_duration_since(*at) < window)
-            .map(|(_, w)| &**w)
+            .map(|(_, w)| w)
     }
 
     /// Agents that spoke since the last human or system message, oldest first.

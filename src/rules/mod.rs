@@ -117,7 +117,7 @@ pub struct Candidate<'a> {
     /// Its resolved parent is an agent's message.
     pub parent_is_agent: bool,
     /// Its content words (see `similar::words`); empty unless `similar` is on.
-    pub words: &'a [u64],
+    pub words: &'a similar::Words,
     /// Depth resolved from the message's lineage.
     pub depth: u32,
     /// Hash of the normalised content (see `normalize`).
@@ -295,7 +295,7 @@ pub(crate) mod testing {
                 sender,
                 substance: &substance,
                 parent_is_agent,
-                words: &[],
+                words: &similar::Words::default(),
                 depth,
                 content_hash,
                 now: self.at(secs),
@@ -337,7 +337,7 @@ mod tests {
             sender: &f.agent,
             substance: "",
             parent_is_agent: false,
-            words: &[],
+            words: &similar::Words::default(),
             depth: 1,
             content_hash: 42,
             now: f.at(1),

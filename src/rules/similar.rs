@@ -47,52 +47,107 @@ const LONGEST_STOP_WORD: usize = {
 /// rest of the set's making.
 const WORD_HASHER: foldhash::quality::FixedState = foldhash::quality::FixedState::with_seed(0);
 
-/// The sorted, deduplicated hashes of the content words of `substance`
-/// (a message's text as [`substance`](crate::normalize::substance) gives
-/// it: the judge works it out once for the rules that read it).
-pub fn words(substance: &str) -> Vec<u64> {
-    let mut hashes: Vec<u64> = substance
-        .split(' ')
-        .filter(|w| !w.is_empty() && !is_stop_word(w))
-        .take(MAX_WORDS)
-        .map(|w| WORD_HASHER.hash_one(stem(w)))
-        .collect();
-    hashes.sort_unstable();
-    hashes.dedup();
-    hashes
+/// A message's content words: their hashes, sorted and deduplicated, and a
+/// 64-bit sketch of them (bit `h % 64` set for each hash `h`).
+///
+/// The sketch is what makes the rule cheap in a busy world: a bit one
+/// sketch has and the other lacks stands for at least one word of the
+/// first set that the second lacks, so two sketches bound how many words
+/// the sets can share, and most earlier sets are ruled out without reading
+/// them (each is an allocation of its own, and reading it a cache miss).
+#[derive(Debug, Clone, Default)]
+pub struct Words {
+    hashes: Box<[u64]>,
+    sketch: u64,
 }
 
-fn is_stop_word(w: &str) -> bool {
-    static SET: LazyLock<HashSet<&str, foldhash::fast::FixedState>> =
-        LazyLock::new(|| STOP_WORDS.iter().copied().collect());
+impl Words {
+    /// The set of `hashes`, in any order, repeats allowed.
+    pub fn new(mut hashes: Vec<u64>) -> Words {
+        hashes.sort_unstable();
+        hashes.dedup();
+        let sketch = hashes.iter().fold(0, |s, h| s | 1 << (h % 64));
+        Words {
+            hashes: hashes.into_boxed_slice(),
+            sketch,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.hashes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.hashes.is_empty()
+    }
+}
+
+/// The content words of `substance` (a message's text as
+/// [`substance`](crate::normalize::substance) gives it: the judge works it
+/// out once for the rules that read it).
+pub fn words(substance: &str) -> Words {
+    let mut hashes = Vec::with_capacity(MAX_WORDS);
+    // Bytes, not characters: the substance's words are separated by single
+    // spaces, and the stop words and suffixes are ASCII.
+    for w in substance.as_bytes().split(|&b| b == b' ') {
+        if w.is_empty() || is_stop_word(w) {
+            continue;
+        }
+        hashes.push(WORD_HASHER.hash_one(stem(w)));
+        if hashes.len() == MAX_WORDS {
+            break;
+        }
+    }
+    Words::new(hashes)
+}
+
+fn is_stop_word(w: &[u8]) -> bool {
+    static SET: LazyLock<HashSet<&[u8], foldhash::fast::FixedState>> =
+        LazyLock::new(|| STOP_WORDS.iter().map(|w| w.as_bytes()).collect());
     // Most words are longer than any stop word: no lookup for them.
     w.len() <= LONGEST_STOP_WORD && SET.contains(w)
 }
 
 /// A light suffix stemmer, so "agree" and "agreed", "test" and "tests"
 /// meet: strips one of -ing, -ed, -es, -s, -ly, or else a final -e, keeping
-/// at least three letters.
-fn stem(w: &str) -> &str {
-    for suffix in ["ing", "ed", "es", "s", "ly"] {
+/// at least three bytes.
+fn stem(w: &[u8]) -> &[u8] {
+    for suffix in [&b"ing"[..], b"ed", b"es", b"s", b"ly", b"e"] {
         if let Some(stripped) = w.strip_suffix(suffix) {
             if stripped.len() >= 3 {
                 return stripped;
             }
         }
     }
-    match w.strip_suffix('e') {
-        Some(stripped) if stripped.len() >= 3 => stripped,
-        _ => w,
-    }
+    w
 }
 
-/// Jaccard similarity of two sorted, deduplicated sets.
-pub fn jaccard(a: &[u64], b: &[u64]) -> f64 {
-    if a.is_empty() && b.is_empty() {
-        return 0.0; // nothing to echo
+/// Jaccard similarity of two sets of words.
+pub fn jaccard(a: &Words, b: &Words) -> f64 {
+    jaccard_at_least(a, b, 0.0).unwrap_or(0.0)
+}
+
+/// [`jaccard`] of `a` and `b` if it is at least `floor`, else `None`, most
+/// often without reading the sets: sets of n and m words with c in common
+/// score c / (n + m - c), at least `floor` only when
+/// c >= floor (n + m) / (1 + floor). The sketches bound c first; a merge of
+/// the sets stops once the words left could no longer bring c that far (at
+/// a floor of 0.8, two sets of twenty words need eighteen in common: the
+/// merge stops at the third word of either that the other lacks).
+pub fn jaccard_at_least(a: &Words, b: &Words, floor: f64) -> Option<f64> {
+    let (n, m) = (a.len(), b.len());
+    // Less a margin, so that rounding never rules out a pair that would
+    // have reached `floor`: the test at the end decides, exactly.
+    let needed = (floor * (n + m) as f64 / (1.0 + floor) - 1e-9).ceil() as usize;
+    let only_a = (a.sketch & !b.sketch).count_ones() as usize;
+    let only_b = (b.sketch & !a.sketch).count_ones() as usize;
+    if (n - only_a).min(m - only_b) < needed {
+        return None;
     }
+    let (a, b) = (&a.hashes, &b.hashes);
+    let hopeless = |common: usize, i: usize, j: usize| common + (n - i).min(m - j) < needed;
     let (mut i, mut j, mut common) = (0, 0, 0usize);
-    while i < a.len() && j < b.len() {
+    while i < n && j < m {
         match a[i].cmp(&b[j]) {
             std::cmp::Ordering::Less => i += 1,
             std::cmp::Ordering::Greater => j += 1,
@@ -100,10 +155,18 @@ pub fn jaccard(a: &[u64], b: &[u64]) -> f64 {
                 common += 1;
                 i += 1;
                 j += 1;
+                continue;
             }
         }
+        if hopeless(common, i, j) {
+            return None;
+        }
     }
-    common as f64 / (a.len() + b.len() - common) as f64
+    let score = match common {
+        0 => 0.0, // two empty sets too: nothing to echo
+        _ => common as f64 / (n + m - common) as f64,
+    };
+    (score >= floor).then_some(score)
 }
 
 pub struct Similar;
@@ -119,12 +182,16 @@ impl Rule for Similar {
             return Verdict::Allow;
         }
         let window = Duration::from_secs(limits.window_seconds);
-        let best = cx
-            .world
-            .recent_words(cx.msg.now, window)
-            .map(|earlier| jaccard(cx.msg.words, earlier))
-            .fold(0.0, f64::max);
-        if best >= limits.threshold {
+        // The highest score at or over the threshold: each earlier set is
+        // compared only as far as it could still beat the best so far.
+        let mut best = None;
+        for earlier in cx.world.recent_words(cx.msg.now, window) {
+            let floor = best.unwrap_or(limits.threshold);
+            if let Some(score) = jaccard_at_least(cx.msg.words, earlier, floor) {
+                best = Some(score);
+            }
+        }
+        if let Some(best) = best {
             return Verdict::reject(
                 self.name(),
                 format!(
@@ -201,8 +268,46 @@ mod tests {
 
     #[test]
     fn jaccard_is_exact_on_small_sets() {
-        assert_eq!(jaccard(&[1, 2, 3], &[2, 3, 4]), 0.5);
-        assert_eq!(jaccard(&[1], &[1]), 1.0);
-        assert_eq!(jaccard(&[], &[]), 0.0);
+        let set = |hashes: &[u64]| Words::new(hashes.to_vec());
+        assert_eq!(jaccard(&set(&[1, 2, 3]), &set(&[4, 3, 2])), 0.5);
+        assert_eq!(jaccard(&set(&[1]), &set(&[1, 1])), 1.0);
+        assert_eq!(jaccard(&set(&[]), &set(&[])), 0.0);
+        let (a, b) = (set(&[1, 2, 3]), set(&[2, 3, 4]));
+        assert_eq!(jaccard_at_least(&a, &b, 0.5), Some(0.5));
+        assert_eq!(jaccard_at_least(&a, &b, 0.51), None);
+        assert_eq!(jaccard_at_least(&set(&[]), &set(&[]), 0.1), None);
+        // One in common of six: 0.2 exactly, where the overlap 0.2 needs
+        // works out at 1.0000000000000002 in floating point.
+        let (a, b) = (set(&[1, 2, 3]), set(&[3, 4, 5]));
+        assert_eq!(jaccard_at_least(&a, &b, 0.2), Some(0.2));
+    }
+
+    /// Sets of up to 40 of 160 hashes, so that two sets share some, most
+    /// or all of their words, and sketch bits stand for several words.
+    fn set() -> impl proptest::strategy::Strategy<Value = Vec<u64>> {
+        proptest::collection::vec(0u64..160, 0..40)
+    }
+
+    proptest::proptest! {
+        /// Neither the sketches nor stopping early change the answer: the
+        /// score at or over the floor, exactly as a full count gives it.
+        #[test]
+        fn ruling_out_early_gives_the_full_count_s_answer(
+            a in set(),
+            b in set(),
+            // Floors from 0 to 1 in twentieths: the exact ratios small sets
+            // score (0.5, 0.75, 0.8, 0.9, ...) are among them.
+            twentieths in 0u32..=20,
+        ) {
+            let floor = f64::from(twentieths) / 20.0;
+            let (a, b) = (Words::new(a), Words::new(b));
+            let common = a.hashes.iter().filter(|h| b.hashes.contains(h)).count();
+            let union = a.len() + b.len() - common;
+            let full = if union == 0 { 0.0 } else { common as f64 / union as f64 };
+            proptest::prop_assert_eq!(
+                jaccard_at_least(&a, &b, floor),
+                (full >= floor).then_some(full)
+            );
+        }
     }
 }
