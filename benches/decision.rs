@@ -47,10 +47,15 @@ fn new_judge(events: bool, optional: bool) -> Judge {
 
 /// Agent and human messages over many worlds, contents unique, ~200 bytes.
 fn inputs(n: usize) -> Vec<(String, Vec<u8>)> {
+    inputs_in(n, WORLDS)
+}
+
+/// The same messages, over `worlds` worlds.
+fn inputs_in(n: usize, worlds: usize) -> Vec<(String, Vec<u8>)> {
     let filler = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore et dolore magna aliqua ut enim ad minim veniam";
     (0..n)
         .map(|i| {
-            let (world, k) = (i % WORLDS, i / WORLDS);
+            let (world, k) = (i % worlds, i / worlds);
             if k % 5 == 4 {
                 (
                     format!("chat.raw.w{world}.human.h"),
@@ -100,6 +105,23 @@ fn decision(c: &mut Criterion) {
             })
         });
     }
+
+    // One busy world: its windows full (the duplicate window's 1,024
+    // contents, each agent's 1,000 approvals for the rate rule), which a
+    // rule that read them one by one would pay for on every message. Past
+    // their first 1,000, the agents' messages are over the rate limit: the
+    // rate rule rejects them after every rule before it has run.
+    let judge = new_judge(false, false);
+    let busy = inputs_in(400_000, 1);
+    let mut i = 0;
+    c.bench_function("decision (one busy world, full windows)", |b| {
+        b.iter(|| {
+            let (subject, payload) = &busy[i % busy.len()];
+            i += 1;
+            let origin = judge.subjects().parse(subject);
+            judge.decide(origin, payload, None)
+        })
+    });
 
     // Percentiles of single decisions, on a fresh judge and fresh inputs:
     // the first message of each world (which creates the world's state)

@@ -71,6 +71,11 @@ impl Agent {
     pub fn last_approved(&self) -> Option<Instant> {
         self.approvals.back().copied()
     }
+
+    /// This agent's approved messages younger than `window` at `now`.
+    pub fn approvals_within(&self, now: Instant, window: Duration) -> usize {
+        count_since(&self.approvals, Since::new(now, window))
+    }
 }
 
 /// Rosters up to this size are a list searched in order; larger ones a map.
@@ -503,10 +508,11 @@ impl WorldState {
         // dropping them as new ones come keeps a busy world's window to what
         // its traffic put there lately, not its last MAX_DUPLICATE_WINDOW.
         let window = Duration::from_secs(self.settings.rules.duplicate.window_seconds);
+        let since = Since::new(approved.now, window);
         while self
             .contents
             .front()
-            .is_some_and(|(at, _)| approved.now.saturating_duration_since(*at) >= window)
+            .is_some_and(|(at, _)| !since.holds(*at))
         {
             self.contents.pop_front();
         }
@@ -552,11 +558,12 @@ impl WorldState {
 
     /// Content words of approved messages younger than `window`.
     pub fn recent_words(&self, now: Instant, window: Duration) -> impl Iterator<Item = &Words> {
+        let since = Since::new(now, window);
         self.extras()
             .word_sets
             .iter()
             .rev()
-            .take_while(move |(at, _)| now.saturating_duration_since(*at) < window)
+            .take_while(move |(at, _)| since.holds(*at))
             .map(|(_, w)| w)
     }
 
@@ -567,12 +574,7 @@ impl WorldState {
 
     /// Approved agent messages of the world younger than `window`.
     pub fn agent_approvals_within(&self, now: Instant, window: Duration) -> usize {
-        self.extras()
-            .agent_approvals
-            .iter()
-            .rev()
-            .take_while(|at| now.saturating_duration_since(**at) < window)
-            .count()
+        count_since(&self.extras().agent_approvals, Since::new(now, window))
     }
 
     fn forget_message(&mut self, id: &Arc<str>) {
@@ -591,10 +593,11 @@ impl WorldState {
     /// True when an approved message with this normalised-content hash is
     /// younger than `window`.
     pub fn seen_content(&self, hash: u64, now: Instant, window: Duration) -> bool {
+        let since = Since::new(now, window);
         self.contents
             .iter()
             .rev()
-            .take_while(|(at, _)| now.saturating_duration_since(*at) < window)
+            .take_while(|(at, _)| since.holds(*at))
             .any(|(_, h)| *h == hash)
     }
 
@@ -622,6 +625,33 @@ impl WorldState {
             agent.approvals.clear();
         }
     }
+}
+
+/// The start of a window of some length that ends now: what happened after
+/// it is in the window. One comparison an item, where `now - at < length`
+/// was a subtraction with its overflow checks an item: most of a decision in
+/// a busy world, whose windows hold hundreds of items.
+#[derive(Debug, Clone, Copy)]
+struct Since(Option<Instant>);
+
+impl Since {
+    fn new(now: Instant, length: Duration) -> Since {
+        // None: the window reaches back past the clock's start.
+        Since(now.checked_sub(length))
+    }
+
+    /// Whether `at` is in the window (younger than its length).
+    fn holds(self, at: Instant) -> bool {
+        self.0.is_none_or(|start| at > start)
+    }
+}
+
+/// How many of `times` are in the window: a binary search, as every window
+/// of times here is oldest first (one worker decides a world's messages in
+/// order, on a monotonic clock), so a long window costs what a short one
+/// does.
+fn count_since(times: &VecDeque<Instant>, since: Since) -> usize {
+    times.len() - times.partition_point(|at| !since.holds(*at))
 }
 
 /// Appends `item` to a per-world window of at most `cap` items and returns
@@ -1419,6 +1449,25 @@ mod tests {
         assert_eq!(w.conversation(at(202), win, hot), Conversation::Concluded);
         w.observe_conversation(true, &h, false, &[], at(203));
         assert_ne!(w.conversation(at(204), win, hot), Conversation::Concluded);
+    }
+
+    #[test]
+    fn a_window_holds_what_is_younger_than_its_length() {
+        let t0 = Instant::now();
+        let times: VecDeque<Instant> = (0..100).map(|s| t0 + Duration::from_secs(s)).collect();
+        let now = t0 + Duration::from_secs(99);
+        // As `now - at < length` has it: 90 s to 99 s, not 89 s (exactly
+        // 10 s old).
+        let since = Since::new(now, Duration::from_secs(10));
+        assert!(since.holds(t0 + Duration::from_secs(90)));
+        assert!(!since.holds(t0 + Duration::from_secs(89)));
+        assert!(since.holds(now + Duration::from_secs(1)), "a later time");
+        assert_eq!(count_since(&times, since), 10);
+        assert_eq!(count_since(&times, Since::new(now, Duration::ZERO)), 0);
+        let all = Since::new(now, Duration::MAX); // before the clock began
+        assert!(all.holds(t0));
+        assert_eq!(count_since(&times, all), 100);
+        assert_eq!(count_since(&VecDeque::new(), since), 0);
     }
 
     #[test]

@@ -18,13 +18,10 @@ impl Rule for Rate {
             return Verdict::Allow;
         }
         let window = Duration::from_secs(secs);
-        let recent = cx.world.agent(cx.msg.sender).map_or(0, |a| {
-            a.approvals
-                .iter()
-                .rev()
-                .take_while(|at| cx.msg.now.saturating_duration_since(**at) < window)
-                .count()
-        });
+        let recent = cx
+            .world
+            .agent(cx.msg.sender)
+            .map_or(0, |a| a.approvals_within(cx.msg.now, window));
         if recent >= max as usize {
             return Verdict::reject(
                 self.name(),
