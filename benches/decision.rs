@@ -24,6 +24,10 @@ const WORLDS: usize = 10_000;
 /// `optional`, loopguard's own rules on too (alternation, similar,
 /// low_content, budget, concluded), set so they seldom reject.
 fn new_judge(events: bool, optional: bool) -> Judge {
+    judge(config(events, optional))
+}
+
+fn config(events: bool, optional: bool) -> Config {
     let mut c = Config::default();
     c.events.approved = events;
     c.state.max_worlds = 200_000;
@@ -38,6 +42,10 @@ fn new_judge(events: bool, optional: bool) -> Judge {
         c.rules.budget.max = 10_000;
         c.rules.concluded.enabled = true;
     }
+    c
+}
+
+fn judge(c: Config) -> Judge {
     Judge::new(
         Arc::new(c.validate().unwrap()),
         Arc::new(SystemClock),
@@ -82,20 +90,9 @@ fn decision(c: &mut Criterion) {
             false => format!("decision (events.approved = {events})"),
             true => format!("decision (events.approved = {events}, optional rules on)"),
         };
-        // What the rules let through, on a fresh judge: a rule that
-        // rejected much would make the decision look cheaper than it is.
-        let fresh = new_judge(events, optional);
-        let approved = inputs[..50_000]
-            .iter()
-            .filter_map(|(subject, payload)| {
-                fresh.decide(fresh.subjects().parse(subject), payload, None)
-            })
-            .filter(|d| d.outcome == Outcome::Approved)
-            .count();
-        println!(
-            "approved: {name}: {:.1}% of 50000 decisions",
-            approved as f64 / 500.0
-        );
+        // What the rules let through: a rule that rejected much would
+        // make the decision look cheaper than it is.
+        print_approved(&name, new_judge(events, optional), &inputs);
         c.bench_function(&name, |b| {
             b.iter(|| {
                 let (subject, payload) = &inputs[i % inputs.len()];
@@ -108,13 +105,21 @@ fn decision(c: &mut Criterion) {
 
     // One busy world: its windows full (the duplicate window's 1,024
     // contents, each agent's 1,000 approvals for the rate rule), which a
-    // rule that read them one by one would pay for on every message. Past
-    // their first 1,000, the agents' messages are over the rate limit: the
-    // rate rule rejects them after every rule before it has run.
-    let judge = new_judge(false, false);
+    // rule that read them one by one would pay for on every message. No
+    // cooldown, so each agent's first 1,000 messages are approved; past
+    // those, the rate rule rejects its messages, after every rule before
+    // it has run (the humans' are approved throughout).
+    let busy_judge = || {
+        let mut c = config(false, false);
+        c.rules.cooldown.seconds = 0;
+        judge(c)
+    };
     let busy = inputs_in(400_000, 1);
+    let name = "decision (one busy world, full windows)";
+    print_approved(name, busy_judge(), &busy);
+    let judge = busy_judge();
     let mut i = 0;
-    c.bench_function("decision (one busy world, full windows)", |b| {
+    c.bench_function(name, |b| {
         b.iter(|| {
             let (subject, payload) = &busy[i % busy.len()];
             i += 1;
@@ -181,6 +186,22 @@ fn decision(c: &mut Criterion) {
         slow.len(),
         later.len(),
         slow.len() as f64 * 100.0 / later.len() as f64
+    );
+}
+
+/// Prints the share of the first 50,000 of `inputs` that `judge` (a fresh
+/// one) approves.
+fn print_approved(name: &str, judge: Judge, inputs: &[(String, Vec<u8>)]) {
+    let approved = inputs[..50_000]
+        .iter()
+        .filter_map(|(subject, payload)| {
+            judge.decide(judge.subjects().parse(subject), payload, None)
+        })
+        .filter(|d| d.outcome == Outcome::Approved)
+        .count();
+    println!(
+        "approved: {name}: {:.1}% of 50000 decisions",
+        approved as f64 / 500.0
     );
 }
 

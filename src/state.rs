@@ -507,6 +507,13 @@ impl WorldState {
         // Contents older than the duplicate window can never match again:
         // dropping them as new ones come keeps a busy world's window to what
         // its traffic put there lately, not its last MAX_DUPLICATE_WINDOW.
+        // Every window of times is oldest first (`count_since` relies on it).
+        debug_assert!(
+            self.contents
+                .back()
+                .is_none_or(|(at, _)| *at <= approved.now),
+            "a world's decisions come in time order"
+        );
         let window = Duration::from_secs(self.settings.rules.duplicate.window_seconds);
         let since = Since::new(approved.now, window);
         while self
@@ -593,12 +600,14 @@ impl WorldState {
     /// True when an approved message with this normalised-content hash is
     /// younger than `window`.
     pub fn seen_content(&self, hash: u64, now: Instant, window: Duration) -> bool {
-        let since = Since::new(now, window);
+        // The newest entry with this hash decides: the window is oldest
+        // first, so if that one is too old, so is every other. Searching by
+        // hash alone is one comparison an entry, not two.
         self.contents
             .iter()
             .rev()
-            .take_while(|(at, _)| since.holds(*at))
-            .any(|(_, h)| *h == hash)
+            .find(|(_, h)| *h == hash)
+            .is_some_and(|(at, _)| Since::new(now, window).holds(*at))
     }
 
     /// Clears the turn counter (and so the pause).
@@ -630,13 +639,16 @@ impl WorldState {
 /// The start of a window of some length that ends now: what happened after
 /// it is in the window. One comparison an item, where `now - at < length`
 /// was a subtraction with its overflow checks an item: most of a decision in
-/// a busy world, whose windows hold hundreds of items.
+/// a busy world, whose windows hold hundreds of items. The same test for
+/// every time up to `now` (a later one, which the monotonic clock never
+/// gives, is in the window).
 #[derive(Debug, Clone, Copy)]
 struct Since(Option<Instant>);
 
 impl Since {
     fn new(now: Instant, length: Duration) -> Since {
-        // None: the window reaches back past the clock's start.
+        // None: `now - length` is past what the clock can represent;
+        // then everything is in the window.
         Since(now.checked_sub(length))
     }
 
@@ -1485,5 +1497,28 @@ mod tests {
         assert!(w.seen_content(7, t0 + Duration::from_secs(9), win));
         assert!(!w.seen_content(7, t0 + Duration::from_secs(10), win));
         assert!(!w.seen_content(8, t0, win));
+    }
+
+    #[test]
+    fn the_newest_of_a_repeated_content_decides_whether_it_was_seen() {
+        let (mut w, t0) = world(&[]); // default duplicate window: 300 s
+        let win = Duration::from_secs(300);
+        let l = w.lineage("m", None, None, false);
+        for (i, (secs, hash)) in [(100, 5), (150, 9), (350, 5)].into_iter().enumerate() {
+            w.record_approved(Approved {
+                id: &Arc::from(format!("m{i}")),
+                lineage: &l,
+                content_hash: hash,
+                now: t0 + Duration::from_secs(secs),
+                agent: None,
+            });
+        }
+        let at = |secs| t0 + Duration::from_secs(secs);
+        // Both 5s are held; the one of 100 s is out of the window at 401 s.
+        assert_eq!(w.contents.len(), 3);
+        assert!(w.seen_content(5, at(401), win), "again at 350 s");
+        assert!(!w.seen_content(5, at(650), win), "350 s is 300 s old");
+        assert!(w.seen_content(9, at(449), win));
+        assert!(!w.seen_content(9, at(450), win), "held, but aged out");
     }
 }
