@@ -20,6 +20,10 @@ cat <<'NOTES'
 
 ### Reading the relay table
 
+- **Code.** The relay run of 2026-11-22 06:14 UTC is of the code before
+  the duplicate window's search by hash (commit 0a1657d), which matters
+  only in worlds whose windows are long (see "One busy world" below);
+  here each holds a few dozen items.
 - **Steady state.** Each set-up is one process for all its steps. An
   unmeasured warm-up sends eight turns of all 100,000 worlds, and every
   measured message is a later turn of a world already held, so loopguard's
@@ -123,11 +127,6 @@ cat <<'NOTES'
   fewer first-level read misses, 5% more write misses). (c3)'s peak RSS,
   1047 [1358] MiB (1340 at 06:20), is 11-14 KiB a world: the word sets of
   the window, and the budget rule's times.
-- **Peak RSS is a peak.** (c1)'s was 1050 MiB in the run above, against
-  511-606 MiB in every earlier run; runs of (c1) straight after gave 597
-  and 511 MiB. The figure counts whatever queued while a failing step
-  stalled (this run's (c1) failed at 137-153k msg/s, p99 up to 209 ms); I
-  did not find what held the extra half gigabyte in that one run.
 - **The bare relay runs on one runtime thread** (since 2026-11-22), as
   loopguard does by default (`runtime.threads = 1`), and so does (b2).
   Before, (b) ran on `#[tokio::main]`'s multi-threaded runtime, whose
@@ -167,23 +166,30 @@ cat <<'NOTES'
   (parse, rules, routing, publish), which is what the profile orders. The
   criterion benchmarks below are of the plain release build.
 - **What sets loopguard's sustained rate**: the machine. At (c1)'s
-  failing rates loopguard's one runtime thread was 78-82% busy, the
-  server 64-69% and the benchmark 34-37%: together 176-188% of the 2
-  CPUs (the run above; at 03:12 UTC 72-77%, 68-77% and 35-39%; in the
-  slower run of 04:07, 63-66%, 67-68% and 32-35%, with the same pattern
-  of the three rising together). A second runtime thread did not help on this 2-CPU machine (tried
+  failing rates loopguard's one runtime thread was 70-77% busy, the
+  server 66-72% and the benchmark 34-38%: together 170-187% of the 2
+  CPUs (the run above; at 05:02 UTC 78-82%, 64-69% and 34-37%; at 03:12
+  UTC 72-77%, 68-77% and 35-39%; in the slower run of 04:07, 63-66%,
+  67-68% and 32-35%, with the same pattern of the three rising
+  together). A second runtime thread did not help on this 2-CPU machine (tried
   before the workload fix, not since).
 - **Peak RSS** is sampled over the steps that passed, and each world's
   history grows from step to step (remembered messages for parent lookups,
-  the duplicate window), so it depends on which steps passed: in the run
-  above 596 and 572 MiB for (c1) and (c2), about 6.1 and 5.9 KiB a world
+  the duplicate window), so it depends on which steps passed: at 05:02
+  UTC 596 and 572 MiB for (c1) and (c2), about 6.1 and 5.9 KiB a world
   (at 04:07 UTC, after about 26 and 27 messages per world, 595 and 603
-  MiB; at 03:12 UTC, after 22 and 27, 572 and 597 MiB). Idle worlds are measured on their own below;
+  MiB; at 03:12 UTC, after 22 and 27, 572 and 597 MiB). In the run above
+  (c2) held 598 MiB but (c1) 1050, against 511-606 in every earlier run;
+  runs of (c1) alone straight after gave 597 and 511 MiB. I did not find
+  what held the extra half gigabyte in that one run (its (c1) failed at
+  137-153k msg/s with p99 up to 209 ms, so a backlog may have queued). Idle worlds are measured on their own below;
   docs/operations.md gives a busy world's ceiling.
 - **No drops**: loopguard counted no slow-consumer drop at its sustained rate.
 NOTES
 echo
 echo "## Criterion micro-benchmarks"
+echo
+echo "Run ended $(date -u -r "$decision" +%FT%TZ)."
 echo
 echo '```'
 grep -E "^(approved|decision|mentions|single decisions|later decisions)|time:" "$decision" | sed 's/^ *//'
@@ -216,9 +222,11 @@ cat <<'NOTES'
   does it inside one. The benchmark times the same decisions both ways:
   back to back (the saturated case) and with the upkeep between them,
   untimed (a worker below saturation). In the runs of 2026-11-22 01:35,
-  01:56, 02:46, 04:12, 05:03 and 06:15 UTC: p99 5.32, 5.14, 6.05, 5.70,
-  5.29 and 6.10 µs back to back, 4.23, 3.58, 4.11, 3.98, 3.53 and 4.36 µs
-  with the upkeep between. The mean cost of the upkeep is small (a few %
+  01:56, 02:46, 04:12, 05:03 and 06:31 UTC: p99 5.32, 5.14, 6.05, 5.70,
+  5.29 and 6.12 µs back to back, 4.23, 3.58, 4.11, 3.98, 3.53 and 4.29 µs
+  with the upkeep between. The machine was slower at 06:31 than at 05:03,
+  not the code: the code of 05:03, run in turn with the code above
+  minutes later, gave 6.11 and 4.28 µs against 5.83 and 4.10. The mean cost of the upkeep is small (a few %
   of a decision) and the same either way.
 - **Instructions per decision**, counted by callgrind (repeatable where
   timings are not): 60,000 decisions over 10,000 worlds with the relay's
@@ -240,8 +248,8 @@ cat <<'NOTES'
   count, not criterion's time, is what shows that change. A run of
   2026-11-22 caught a slow stretch (the mention parser, unchanged, took
   158 ns on average; 80-91 ns on calm runs) and gave 4.31 µs; the calm
-  runs of 01:35, 01:56, 02:46, 04:12, 05:03 and 06:15 UTC (above), 2.36,
-  2.15, 2.41, 2.50, 2.37 and 2.43 µs. The decision benchmark of `make bench` at 04:08
+  runs of 01:35, 01:56, 02:46, 04:12, 05:03 and 06:31 UTC (above), 2.36,
+  2.15, 2.41, 2.50, 2.37 and 2.42 µs. The decision benchmark of `make bench` at 04:08
   UTC caught another (the parser 109 ns): 2.86 µs, p99 8.42 µs back to
   back and 5.84 with the upkeep between.
 - **loopguard's optional rules** (alternation, similar, low_content, budget,
@@ -259,19 +267,24 @@ cat <<'NOTES'
   of `similar` (above, under (c3)) took a decision with every optional
   rule on from 35.2k to 30.8k instructions and 15% of its first-level read
   misses (2,000 worlds, 8 messages each: windows of a few sets; the fuller
-  a window, the more it saves). Its criterion mean went 4.01 → 3.54 µs
-  (05:03 and 06:15 UTC).
+  a window, the more it saves). Its criterion mean went from 4.01 µs
+  (05:03 UTC) to 3.54 and 3.60 µs (06:15 and 06:31 UTC).
 - **One busy world** (`decision (one busy world, full windows)`, since
-  2026-11-22): every message in one world, so its windows are full: the
-  duplicate window's 1,024 contents and each agent's 1,000 approval times
-  for the rate rule (past those, the rate rule rejects the agents, after
-  every rule before it has run). The windows used to test each item with
-  `now - at < length`, a subtraction with its overflow checks, which was
-  over half of such a decision; now the window's start is worked out once
-  and each item is one comparison, and the rate and budget counts are a
-  binary search. Criterion: 3.05 µs before, 1.94 µs after (−36% in the
-  same session). The duplicate window is still searched item by item,
-  about a quarter of that decision.
+  2026-11-22): every message in one world, with no cooldown, so its
+  windows fill: the duplicate window's 1,024 contents and each agent's
+  1,000 approval times for the rate rule. Past those 1,000, the rate rule
+  rejects the agent's messages after every rule before it has run (28% of
+  the messages are approved: the humans' and the agents' first). The
+  windows used to test each item with `now - at < length`, a subtraction
+  with its overflow checks, and the rate rule counted its window item by
+  item: 5.71 µs a decision with the code of 05:03 UTC. Now a window's
+  start is worked out once and each item is one comparison, the rate and
+  budget counts are a binary search, and the duplicate rule searches its
+  window by hash and then tests the newest match's time: 1.60 µs in the
+  same session, 1.54 µs in the run above. (A first version of this line,
+  in the make bench run of 06:15 UTC, kept the 1 s cooldown of the other
+  lines, so the cooldown rule rejected nearly every agent message and the
+  rate windows never filled: 1.95 µs there.)
 NOTES
 echo
 echo "## Memory per idle world (in process, no NATS)"
