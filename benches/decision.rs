@@ -85,7 +85,6 @@ fn decision(c: &mut Criterion) {
     for (events, optional) in [(false, false), (true, false), (true, true)] {
         let judge = new_judge(events, optional);
         let inputs = inputs(400_000);
-        let mut i = 0;
         let name = match optional {
             false => format!("decision (events.approved = {events})"),
             true => format!("decision (events.approved = {events}, optional rules on)"),
@@ -93,14 +92,7 @@ fn decision(c: &mut Criterion) {
         // What the rules let through: a rule that rejected much would
         // make the decision look cheaper than it is.
         print_approved(&name, new_judge(events, optional), &inputs);
-        c.bench_function(&name, |b| {
-            b.iter(|| {
-                let (subject, payload) = &inputs[i % inputs.len()];
-                i += 1;
-                let origin = judge.subjects().parse(subject);
-                judge.decide(origin, payload, None)
-            })
-        });
+        bench_decisions(c, &name, &judge, &inputs);
     }
 
     // One busy world: its windows full (the duplicate window's 1,024
@@ -117,16 +109,7 @@ fn decision(c: &mut Criterion) {
     let busy = inputs_in(400_000, 1);
     let name = "decision (one busy world, full windows)";
     print_approved(name, busy_judge(), &busy);
-    let judge = busy_judge();
-    let mut i = 0;
-    c.bench_function(name, |b| {
-        b.iter(|| {
-            let (subject, payload) = &busy[i % busy.len()];
-            i += 1;
-            let origin = judge.subjects().parse(subject);
-            judge.decide(origin, payload, None)
-        })
-    });
+    bench_decisions(c, name, &busy_judge(), &busy);
 
     // Percentiles of single decisions, on a fresh judge and fresh inputs:
     // the first message of each world (which creates the world's state)
@@ -187,6 +170,19 @@ fn decision(c: &mut Criterion) {
         later.len(),
         slow.len() as f64 * 100.0 / later.len() as f64
     );
+}
+
+/// Times `judge`'s decisions of `inputs`, one after another, as `name`.
+fn bench_decisions(c: &mut Criterion, name: &str, judge: &Judge, inputs: &[(String, Vec<u8>)]) {
+    let mut i = 0;
+    c.bench_function(name, |b| {
+        b.iter(|| {
+            let (subject, payload) = &inputs[i % inputs.len()];
+            i += 1;
+            let origin = judge.subjects().parse(subject);
+            judge.decide(origin, payload, None)
+        })
+    });
 }
 
 /// Prints the share of the first 50,000 of `inputs` that `judge` (a fresh

@@ -504,16 +504,17 @@ impl WorldState {
             self.latest = Some(id);
         }
 
-        // Contents older than the duplicate window can never match again:
-        // dropping them as new ones come keeps a busy world's window to what
-        // its traffic put there lately, not its last MAX_DUPLICATE_WINDOW.
-        // Every window of times is oldest first (`count_since` relies on it).
+        // Every window of times is oldest first (`count_since` and
+        // `seen_content` rely on it).
         debug_assert!(
             self.contents
                 .back()
                 .is_none_or(|(at, _)| *at <= approved.now),
             "a world's decisions come in time order"
         );
+        // Contents older than the duplicate window can never match again:
+        // dropping them as new ones come keeps a busy world's window to what
+        // its traffic put there lately, not its last MAX_DUPLICATE_WINDOW.
         let window = Duration::from_secs(self.settings.rules.duplicate.window_seconds);
         let since = Since::new(approved.now, window);
         while self
@@ -1476,7 +1477,7 @@ mod tests {
         assert!(since.holds(now + Duration::from_secs(1)), "a later time");
         assert_eq!(count_since(&times, since), 10);
         assert_eq!(count_since(&times, Since::new(now, Duration::ZERO)), 0);
-        let all = Since::new(now, Duration::MAX); // before the clock began
+        let all = Since::new(now, Duration::MAX); // past the clock's range
         assert!(all.holds(t0));
         assert_eq!(count_since(&times, all), 100);
         assert_eq!(count_since(&VecDeque::new(), since), 0);

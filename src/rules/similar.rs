@@ -66,7 +66,7 @@ pub struct Words {
 
 impl Words {
     /// The set of `hashes`, in any order, repeats allowed.
-    pub fn new(mut hashes: Vec<u64>) -> Words {
+    fn new(mut hashes: Vec<u64>) -> Words {
         hashes.sort_unstable();
         hashes.dedup();
         let sketch = hashes.iter().fold(0, |s, h| s | 1 << (h % 64));
@@ -76,7 +76,7 @@ impl Words {
         }
     }
 
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.hashes.len()
     }
 
@@ -138,7 +138,7 @@ fn jaccard(a: &Words, b: &Words) -> f64 {
 /// the sets stops once the words left could no longer bring c that far (at
 /// a floor of 0.8, two sets of twenty words need eighteen in common: the
 /// merge stops at the third word of either that the other lacks).
-pub fn jaccard_at_least(a: &Words, b: &Words, floor: f64) -> Option<f64> {
+fn jaccard_at_least(a: &Words, b: &Words, floor: f64) -> Option<f64> {
     let (n, m) = (a.len(), b.len());
     // Less a margin, so that rounding never rules out a pair that would
     // have reached `floor`: the test at the end decides, exactly.
