@@ -53,18 +53,37 @@ async fn until_ready(lg: &Loopguard) {
     .await;
 }
 
-/// Waits until `name` holds `want` messages (or fails with what it holds).
-async fn until_stream_holds(js: &jetstream::Context, name: &str, want: u64) {
+/// Waits until `name` holds `want` messages, or fails with what it holds,
+/// where the ingest stream and loopguard's consumer stand, and loopguard's
+/// log: enough to tell a message the server lost from one loopguard did.
+async fn until_stream_holds(js: &jetstream::Context, name: &str, want: u64, lg: &Loopguard) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let have = stream_messages(js, name).await;
         if have >= want {
             return;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{name} holds {have}, expected {want}"
-        );
+        if tokio::time::Instant::now() >= deadline {
+            let mut ingest = js.get_stream("LOOPGUARD_INGEST").await.unwrap();
+            let state = ingest.info().await.unwrap().state.clone();
+            let mut consumer: jetstream::consumer::PullConsumer =
+                ingest.get_consumer("loopguard").await.unwrap();
+            let info = consumer.info().await.unwrap().clone();
+            panic!(
+                "{name} holds {have}, expected {want}; ingest stream: {} held, sequences {}-{}; \
+                 consumer: delivered {}, acknowledged up to {}, pending {}, ack pending {}, \
+                 redelivered {}\n{}",
+                state.messages,
+                state.first_sequence,
+                state.last_sequence,
+                info.delivered.stream_sequence,
+                info.ack_floor.stream_sequence,
+                info.num_pending,
+                info.num_ack_pending,
+                info.num_redelivered,
+                lg.logs()
+            );
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -164,7 +183,7 @@ async fn kill_9_mid_stream_then_restart_leaves_every_approved_message_exactly_on
 
     let second = Loopguard::spawn(&nats.url(), &killed_config);
     until_ready(&second).await;
-    until_stream_holds(&js, "EGRESS", N as u64).await;
+    until_stream_holds(&js, "EGRESS", N as u64, &second).await;
     until_ingest_acknowledged(&js, &second).await;
 
     // Exactly once in the egress stream, although the second run republished
@@ -209,7 +228,7 @@ async fn a_nats_restart_mid_traffic_loses_nothing() {
     .await;
     publish_messages(&js, N / 2..N).await;
 
-    until_stream_holds(&js, "EGRESS", N as u64).await;
+    until_stream_holds(&js, "EGRESS", N as u64, &lg).await;
     until_ingest_acknowledged(&js, &lg).await;
     assert_eq!(stream_messages(&js, "EGRESS").await, N as u64);
     let logs = lg.logs();
@@ -229,7 +248,7 @@ async fn sigterm_under_load_leaves_the_rest_for_redelivery_and_exits_within_the_
     let mut first = Loopguard::spawn(&nats.url(), &config);
     until_ready(&first).await;
     publish_messages(&js, 0..N).await;
-    until_stream_holds(&js, "EGRESS", (N / 4) as u64).await;
+    until_stream_holds(&js, "EGRESS", (N / 4) as u64, &first).await;
 
     let started = std::time::Instant::now();
     let status = first.terminate().await;
@@ -246,7 +265,7 @@ async fn sigterm_under_load_leaves_the_rest_for_redelivery_and_exits_within_the_
 
     let second = Loopguard::spawn(&nats.url(), &config);
     until_ready(&second).await;
-    until_stream_holds(&js, "EGRESS", N as u64).await;
+    until_stream_holds(&js, "EGRESS", N as u64, &second).await;
     until_ingest_acknowledged(&js, &second).await;
     assert_eq!(stream_messages(&js, "EGRESS").await, N as u64);
 }
