@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""Does a core-NATS publish into a stream survive a nats-server restart?
+"""Does a publish into a stream survive a nats-server restart?
 
-loopguard publishes egress copies with core NATS and, in JetStream mode,
-acknowledges a message once the server has received its copies (a flush).
-This probe asks what an egress stream then holds across a server restart:
-it publishes N messages on subjects a stream captures, flushes, stops the
-server at once (SIGTERM, or SIGKILL with `kill`), starts it again on the
-same store and counts what the stream holds. Not part of `make test`; see
-docs/operations.md, "A NATS restart and the egress stream".
+In JetStream mode loopguard acknowledges a message once its egress copies
+are settled: answered by the server as JetStream publishes (`egress_acks`,
+the default), or only flushed as core publishes (`egress_acks = false`).
+This probe asks what an egress stream holds across a server restart after
+either: it publishes N messages on subjects a stream captures, as core
+publishes and a flush (`core`) or as JetStream publishes whose answers it
+awaits (`acked`), stops the server at once (SIGTERM, or SIGKILL with
+`kill`), starts it again on the same store and counts what the stream
+holds. Not part of `make test`; see docs/operations.md, "A NATS restart and
+the egress stream".
 
-    python3 scripts/probe_js_restart.py [term|kill] [rounds] [messages]
+    python3 scripts/probe_js_restart.py [term|kill] [rounds] [messages] [core|acked]
 """
 import asyncio
 import os
@@ -44,14 +47,21 @@ def start(port, store):
     raise SystemExit("nats-server did not start")
 
 
-async def round_trip(sig, count):
+async def round_trip(sig, count, acked):
     store, port = tempfile.mkdtemp(), free_port()
     server = start(port, store)
     nc = await nats.connect(f"nats://127.0.0.1:{port}", allow_reconnect=False)
     await nc.jetstream().add_stream(name="EGRESS", subjects=["egress.>"])
-    for i in range(count):
-        await nc.publish(f"egress.{i % 7}", b"x" * 300)
-    await nc.flush()  # the server has received every message
+    if acked:
+        js = nc.jetstream()
+        # All in flight at once, as loopguard's workers have them.
+        await asyncio.gather(
+            *(js.publish(f"egress.{i % 7}", b"x" * 300) for i in range(count))
+        )  # the stream has answered every message
+    else:
+        for i in range(count):
+            await nc.publish(f"egress.{i % 7}", b"x" * 300)
+        await nc.flush()  # the server has received every message
     os.kill(server.pid, sig)
     server.wait()
     try:
@@ -77,10 +87,12 @@ async def main():
     how = sys.argv[1] if len(sys.argv) > 1 else "term"
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 10
     count = int(sys.argv[3]) if len(sys.argv) > 3 else 2000
+    acked = len(sys.argv) > 4 and sys.argv[4] == "acked"
     sig = signal.SIGKILL if how == "kill" else signal.SIGTERM
-    held = [await round_trip(sig, count) for _ in range(rounds)]
+    held = [await round_trip(sig, count, acked) for _ in range(rounds)]
     lost = sum(count - h for h in held)
-    print(f"SIG{sig.name[3:]} right after the flush: the stream held {held} of {count} each;")
+    after = "the last answer" if acked else "the flush"
+    print(f"SIG{sig.name[3:]} right after {after}: the stream held {held} of {count} each;")
     print(f"lost {lost} of {rounds * count} ({100 * lost / (rounds * count):.1f}%)")
 
 

@@ -161,7 +161,11 @@ pub async fn run(
     // With one runtime thread, two workers still let one world's slow
     // publish overlap another's decision; with more threads, one per thread.
     let workers = config.runtime.threads.max(2);
-    let publisher = Publisher::new(client.clone(), metrics.clone());
+    let publisher = if jetstream.enabled && jetstream.egress_acks {
+        Publisher::answered(client.clone(), metrics.clone())
+    } else {
+        Publisher::new(client.clone(), metrics.clone())
+    };
     let replay = jetstream
         .enabled
         .then(|| ingest::jetstream::Replay::new(jetstream));

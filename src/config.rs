@@ -136,6 +136,12 @@ pub struct JetStreamConfig {
     pub ack_wait_seconds: u64,
     /// Messages delivered but not yet acknowledged, at most.
     pub max_ack_pending: u64,
+    /// Publish every output as a JetStream publish and acknowledge the input
+    /// only once the server answered each copy (stored by a stream, or no
+    /// stream captures it). Off: outputs are core publishes, acknowledged
+    /// after a flush, and a NATS restart can lose copies an egress stream had
+    /// not stored yet.
+    pub egress_acks: bool,
 }
 
 impl Default for JetStreamConfig {
@@ -152,6 +158,7 @@ impl Default for JetStreamConfig {
             max_messages: 0,
             ack_wait_seconds: 30,
             max_ack_pending: 10_000,
+            egress_acks: true,
         }
     }
 }

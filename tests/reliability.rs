@@ -8,6 +8,7 @@ use std::future::IntoFuture;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
+use futures::StreamExt;
 use serde_json::json;
 use support::{http, within, Loopguard, NatsServer};
 
@@ -88,20 +89,31 @@ async fn until_stream_holds(js: &jetstream::Context, name: &str, want: u64, lg: 
     }
 }
 
-/// Publishes messages `range` and waits for the ingest stream to confirm
-/// each: a message counts as sent once JetStream holds it.
-/// Waits until every ingress message was acknowledged (the work queue
-/// stream is empty), showing the consumer's state if it never is.
+/// Waits until loopguard's consumer has acknowledged every ingress message
+/// (nothing left to deliver, nothing awaiting an acknowledgement), showing
+/// its state if it never does. The consumer's state, not the work queue
+/// stream's emptiness: after a kill -9 of the server the stream can keep
+/// messages whose acknowledgements the consumer had already recorded.
 async fn until_ingest_acknowledged(js: &jetstream::Context, lg: &Loopguard) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while stream_messages(js, "LOOPGUARD_INGEST").await > 0 {
+    loop {
+        let stream = within("get stream", js.get_stream("LOOPGUARD_INGEST"))
+            .await
+            .expect("ingest stream");
+        let mut consumer: jetstream::consumer::PullConsumer =
+            within("get consumer", stream.get_consumer("loopguard"))
+                .await
+                .expect("consumer");
+        let info = within("consumer info", consumer.info())
+            .await
+            .expect("info")
+            .clone();
+        if info.num_pending == 0 && info.num_ack_pending == 0 {
+            return;
+        }
         if tokio::time::Instant::now() > deadline {
-            let stream = js.get_stream("LOOPGUARD_INGEST").await.unwrap();
-            let mut consumer: jetstream::consumer::PullConsumer =
-                stream.get_consumer("loopguard").await.unwrap();
-            let info = consumer.info().await.unwrap().clone();
             panic!(
-                "ingest not acknowledged: {} left; pending {} ack_pending {} redelivered {}\n{}",
+                "ingest not acknowledged: {} in the stream; pending {} ack_pending {} redelivered {}\n{}",
                 stream_messages(js, "LOOPGUARD_INGEST").await,
                 info.num_pending,
                 info.num_ack_pending,
@@ -113,6 +125,8 @@ async fn until_ingest_acknowledged(js: &jetstream::Context, lg: &Loopguard) {
     }
 }
 
+/// Publishes messages `range` and waits for the ingest stream to confirm
+/// each: a message counts as sent once JetStream holds it.
 async fn publish_messages(js: &jetstream::Context, range: std::ops::Range<usize>) {
     let mut acks = Vec::new();
     for i in range {
@@ -206,17 +220,29 @@ async fn kill_9_mid_stream_then_restart_leaves_every_approved_message_exactly_on
 
 #[tokio::test]
 async fn a_nats_restart_mid_traffic_loses_nothing() {
-    const N: usize = 2000;
+    // The first half waits in the stream, so loopguard publishes it as fast
+    // as it can and the restart lands mid-burst: copies the server had
+    // received but an egress stream had not stored yet were lost here
+    // before outputs were JetStream publishes (`egress_acks`).
+    const N: usize = 10_000;
     let mut nats = NatsServer::start_jetstream();
     let client = within("client", async_nats::connect(nats.url()))
         .await
         .unwrap();
     let js = jetstream::new(client.clone());
     egress_stream(&js).await;
-    let lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
-    until_ready(&lg).await;
-
+    let mut setup = Loopguard::spawn(&nats.url(), JS_CONFIG);
+    until_ready(&setup).await;
+    setup.kill9();
     publish_messages(&js, 0..N / 2).await;
+
+    let lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
+    within("a tenth of the egress", async {
+        while stream_messages(&js, "EGRESS").await < (N / 10) as u64 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
     nats.restart();
     // Both clients reconnect by themselves.
     until_ready(&lg).await;
@@ -226,6 +252,11 @@ async fn a_nats_restart_mid_traffic_loses_nothing() {
         }
     })
     .await;
+    let after_restart = stream_messages(&js, "EGRESS").await;
+    assert!(
+        after_restart < (N / 2) as u64,
+        "restarted too late to prove anything: {after_restart}"
+    );
     publish_messages(&js, N / 2..N).await;
 
     until_stream_holds(&js, "EGRESS", N as u64, &lg).await;
@@ -233,6 +264,146 @@ async fn a_nats_restart_mid_traffic_loses_nothing() {
     assert_eq!(stream_messages(&js, "EGRESS").await, N as u64);
     let logs = lg.logs();
     assert!(logs.contains("reconnected to NATS"), "{logs}");
+    println!("restart with {after_restart} of the first {} stored", N / 2);
+}
+
+/// The sharpest case for a stream that captures egress: the server stops
+/// gracefully just after loopguard acknowledged a message with a thousand
+/// copies. A flush proves the copies reached the server, not that the
+/// stream stored them, and nats-server drops what its streams have not
+/// stored when it stops; loopguard therefore acknowledges only once the
+/// stream answered each copy (`egress_acks`, on by default).
+#[tokio::test]
+async fn a_nats_stop_right_after_an_acknowledgement_loses_no_stored_copy() {
+    const AGENTS: usize = 1000;
+    const HUMAN_MESSAGES: usize = 20;
+    let mut nats = NatsServer::start_jetstream();
+    let client = within("client", async_nats::connect(nats.url()))
+        .await
+        .unwrap();
+    let js = jetstream::new(client.clone());
+    within(
+        "egress stream",
+        js.create_stream(stream::Config {
+            name: "EGRESS".into(),
+            subjects: vec!["chat.public.>".into(), "chat.private.>".into()],
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("egress stream");
+    let lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
+    until_ready(&lg).await;
+    let mut stored = Vec::new();
+    for agent in 0..AGENTS {
+        stored.push(
+            within(
+                "join",
+                js.publish(format!("chat.join.w.a{agent}"), "".into()),
+            )
+            .await
+            .expect("publish"),
+        );
+    }
+    for ack in stored {
+        within("stream ack", ack.into_future())
+            .await
+            .expect("stored by the ingest stream");
+    }
+    until_ingest_acknowledged(&js, &lg).await;
+
+    // loopguard's acknowledgements, seen as the server receives them.
+    let mut acks = within("subscribe", client.subscribe("$JS.ACK.LOOPGUARD_INGEST.>"))
+        .await
+        .unwrap();
+    within("subscribed", client.flush()).await.unwrap();
+    // Each human message goes public and to every agent's inbox.
+    for i in 0..HUMAN_MESSAGES {
+        let body = json!({"content": format!("everyone, note {i}"), "id": format!("h{i}")});
+        within(
+            "publish",
+            js.publish("chat.raw.w.human.ann", body.to_string().into()),
+        )
+        .await
+        .expect("publish")
+        .into_future()
+        .await
+        .expect("stored by the ingest stream");
+    }
+    // Stop the server the moment the last acknowledgement reaches it.
+    within("acknowledgements", async {
+        for _ in 0..HUMAN_MESSAGES {
+            acks.next().await.expect("an acknowledgement");
+        }
+    })
+    .await;
+    nats.restart_after_sigterm();
+    // Asked until the restarted server answers (the client may not have
+    // noticed the restart yet).
+    let held = within("egress stream after the restart", async {
+        loop {
+            let held = async {
+                let mut stream = js.get_stream("EGRESS").await.ok()?;
+                Some(stream.info().await.ok()?.state.messages)
+            };
+            match tokio::time::timeout(Duration::from_secs(1), held).await {
+                Ok(Some(held)) => break held,
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        held,
+        (HUMAN_MESSAGES * (AGENTS + 1)) as u64,
+        "copies of acknowledged messages missing from the egress stream after the server's restart"
+    );
+}
+
+/// A copy the egress stream refuses (here: full, discarding new messages) is
+/// counted as a publish error, and its message acknowledged: the server
+/// answered, and redelivering would be refused again, forever.
+#[tokio::test]
+async fn copies_a_full_egress_stream_refuses_are_counted_not_redelivered() {
+    const N: usize = 20;
+    const ROOM: usize = 5;
+    let nats = NatsServer::start_jetstream();
+    let client = within("client", async_nats::connect(nats.url()))
+        .await
+        .unwrap();
+    let js = jetstream::new(client.clone());
+    within(
+        "egress stream",
+        js.create_stream(stream::Config {
+            name: "EGRESS".into(),
+            subjects: vec!["chat.public.>".into()],
+            max_messages: ROOM as i64,
+            discard: stream::DiscardPolicy::New,
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("egress stream");
+    let lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
+    until_ready(&lg).await;
+    publish_messages(&js, 0..N).await;
+    until_ingest_acknowledged(&js, &lg).await;
+    assert_eq!(stream_messages(&js, "EGRESS").await, ROOM as u64);
+    let scrape = support::Scrape::take(&lg.http_addr().await).await;
+    assert_eq!(
+        scrape.get("loopguard_dropped_total", &[("reason", "publish_error")]),
+        (N - ROOM) as f64,
+        "{}",
+        lg.logs()
+    );
+    let consumer_redelivered = {
+        let stream = js.get_stream("LOOPGUARD_INGEST").await.unwrap();
+        let mut consumer: jetstream::consumer::PullConsumer =
+            stream.get_consumer("loopguard").await.unwrap();
+        consumer.info().await.unwrap().num_redelivered
+    };
+    assert_eq!(consumer_redelivered, 0, "refused copies were retried");
 }
 
 #[tokio::test]

@@ -3,7 +3,8 @@
 //!
 //! Two sources feed the same workers: [`core`] (two wildcard subscriptions,
 //! at most once) and [`jetstream`] (a durable pull consumer, at least once,
-//! acknowledged only after everything a message produced is at the server).
+//! acknowledged only after the server answered everything a message
+//! produced, or, with `egress_acks` off, after a flush).
 //!
 //! Ordering: every message of a world goes to the same worker (chosen by a
 //! hash of the world name), and a worker decides and publishes its messages
@@ -21,7 +22,7 @@ use async_nats::Message;
 use tokio::sync::mpsc;
 
 use crate::judge::{Judge, Outbound};
-use crate::publish::Publisher;
+use crate::publish::{Answer, Publisher};
 use crate::subject::{Origin, Subjects};
 
 /// Messages queued per worker before ingest waits (and so, once the
@@ -31,6 +32,10 @@ pub const WORKER_QUEUE: usize = 4096;
 /// JetStream acknowledgements a worker holds before it flushes and sends
 /// them; it also does so whenever its queue runs empty.
 pub const ACK_BATCH: usize = 256;
+
+/// Answers to JetStream publishes (`egress_acks`) a worker waits for at
+/// most, before it settles its batch early.
+pub const ANSWER_BATCH: usize = 1024;
 
 /// How a JetStream message is acknowledged, and what identifies it.
 pub struct Delivery {
@@ -85,6 +90,7 @@ impl Dispatcher {
                 publisher: publisher.clone(),
                 replay: replay.clone(),
                 acks: Vec::new(),
+                answers: Vec::new(),
                 batch_connects: 0,
                 queued: queued.clone(),
             };
@@ -123,9 +129,12 @@ struct Worker {
     judge: Arc<Judge>,
     publisher: Publisher,
     replay: Option<jetstream::Replay>,
-    /// JetStream messages whose outputs are published but not yet flushed.
-    acks: Vec<async_nats::jetstream::message::Acker>,
-    /// The client's connect count when the first of `acks` was published.
+    /// JetStream messages whose outputs are published but not yet settled.
+    acks: Vec<Pending>,
+    /// The server's answers to those outputs, in order (`egress_acks`).
+    answers: Vec<Answer>,
+    /// The client's connect count when the first of `acks` was published
+    /// (`egress_acks` off).
     batch_connects: u64,
     /// Messages queued at all workers (the dispatcher's count).
     queued: Arc<AtomicUsize>,
@@ -154,7 +163,7 @@ impl Worker {
             };
             self.queued.fetch_sub(1, Ordering::Relaxed);
             self.handle(work).await;
-            if self.acks.len() >= ACK_BATCH {
+            if self.acks.len() >= ACK_BATCH || self.answers.len() >= ANSWER_BATCH {
                 self.settle_acks().await;
             }
         }
@@ -174,6 +183,7 @@ impl Worker {
             self.batch_connects = self.publisher.connects();
         }
         let replay = self.replay.clone(); // a handle: `decide` borrows self mutably
+        let mut sent = true;
         match (&delivery, &replay) {
             (Some(d), Some(replay)) => {
                 let earlier = if d.redelivered {
@@ -195,19 +205,40 @@ impl Worker {
                     }
                 };
                 for out in outbound.iter() {
-                    // Failures are logged by the publisher; the next copy still goes.
-                    let _ = self.publisher.send(out.clone()).await;
+                    sent &= self.send(out.clone()).await;
                 }
             }
             // At most once: nothing to replay, so the copies move out.
             _ => {
                 for out in self.decide(origin, &message, None).await {
-                    let _ = self.publisher.send(out).await;
+                    sent &= self.send(out).await;
                 }
             }
         }
         if let Some(d) = delivery {
-            self.acks.push(d.acker);
+            self.acks.push(Pending {
+                acker: d.acker,
+                sent,
+                answers_end: self.answers.len(),
+            });
+        }
+    }
+
+    /// Publishes one output; false when it was not sent and its message must
+    /// stay unacknowledged (`egress_acks`: the connection is gone). Without
+    /// `egress_acks` a failure is counted and logged by the publisher, and
+    /// the next copy still goes.
+    async fn send(&mut self, out: Outbound) -> bool {
+        if !self.publisher.answers() {
+            let _ = self.publisher.send(out).await;
+            return true;
+        }
+        match self.publisher.send_answered(out).await {
+            Some(answer) => {
+                self.answers.push(answer);
+                true
+            }
+            None => false,
         }
     }
 
@@ -246,14 +277,54 @@ impl Worker {
         decision.outbound
     }
 
-    /// Flushes, then acknowledges: an acknowledgement never reaches the
-    /// server before the outputs of its message. Whatever is not
-    /// acknowledged is redelivered, and its same ids make the second publish
-    /// a duplicate that an egress stream drops.
+    /// Acknowledges the messages whose outputs are settled: an
+    /// acknowledgement never reaches the server before the outputs of its
+    /// message. Whatever is not acknowledged is redelivered, and its same ids
+    /// make the second publish a duplicate that an egress stream drops.
     async fn settle_acks(&mut self) {
         if self.acks.is_empty() {
             return;
         }
+        if self.publisher.answers() {
+            self.settle_answered().await
+        } else {
+            self.settle_flushed().await
+        }
+    }
+
+    /// `egress_acks`: waits for the server's answer to every output (all at
+    /// once, so a silent server costs one timeout, not one per copy), then
+    /// acknowledges each message all of whose outputs were answered. An
+    /// answer proves the copy reached the server, and, where a stream
+    /// captures its subject, that the stream stored it.
+    async fn settle_answered(&mut self) {
+        let publisher = &self.publisher;
+        let settled =
+            futures::future::join_all(self.answers.drain(..).map(|a| publisher.settled(a))).await;
+        let mut from = 0;
+        let mut left = 0;
+        for pending in self.acks.drain(..) {
+            let answered = &settled[from..pending.answers_end];
+            from = pending.answers_end;
+            if pending.sent && answered.iter().all(|&ok| ok) {
+                if let Err(e) = pending.acker.ack().await {
+                    tracing::debug!(error = %e, "ack failed; the message will be redelivered");
+                }
+            } else {
+                left += 1;
+            }
+        }
+        if left > 0 {
+            tracing::info!(
+                left,
+                "no answer from NATS for some outputs; leaving their messages for redelivery"
+            );
+        }
+    }
+
+    /// `egress_acks` off: flushes, then acknowledges. The flush proves the
+    /// outputs reached the server, not that a stream stored them.
+    async fn settle_flushed(&mut self) {
         if let Err(e) = self.publisher.flush().await {
             tracing::warn!(error = %e, pending = self.acks.len(), "flush failed; leaving messages for redelivery");
             self.acks.clear();
@@ -269,10 +340,21 @@ impl Worker {
             self.acks.clear();
             return;
         }
-        for acker in self.acks.drain(..) {
+        for Pending { acker, .. } in self.acks.drain(..) {
             if let Err(e) = acker.ack().await {
                 tracing::debug!(error = %e, "ack failed; the message will be redelivered");
             }
         }
     }
+}
+
+/// A JetStream message whose outputs are published, waiting to be
+/// acknowledged.
+struct Pending {
+    acker: async_nats::jetstream::message::Acker,
+    /// Every output was handed to the client.
+    sent: bool,
+    /// Where its outputs' answers end in `Worker::answers` (they start where
+    /// the previous message's end).
+    answers_end: usize,
 }
