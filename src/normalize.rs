@@ -103,13 +103,31 @@ pub fn substance(content: &str) -> String {
 /// none at either end.
 pub fn substance_into(normalized: &str, out: &mut String) {
     let start = out.len();
-    // Whole runs are copied, not a character at a time.
-    let runs = normalized.split(|c: char| !c.is_alphanumeric());
-    for run in runs.filter(|r| !r.is_empty()) {
-        if out.len() > start {
-            out.push(' ');
+    let mut push = |run: &str| {
+        if !run.is_empty() {
+            if out.len() > start {
+                out.push(' ');
+            }
+            out.push_str(run);
         }
-        out.push_str(run);
+    };
+    // Whole runs are copied, not a character at a time.
+    if normalized.is_ascii() {
+        // A byte at a time, where a character is one byte: the same runs,
+        // without decoding characters. The runs end at ASCII bytes, so each
+        // is a `str` slice.
+        let mut run_start = 0;
+        for (i, b) in normalized.bytes().enumerate() {
+            if !b.is_ascii_alphanumeric() {
+                push(&normalized[run_start..i]);
+                run_start = i + 1;
+            }
+        }
+        push(&normalized[run_start..]);
+    } else {
+        normalized
+            .split(|c: char| !c.is_alphanumeric())
+            .for_each(push);
     }
 }
 
@@ -182,6 +200,13 @@ mod tests {
             let expected = substance_reference(&content);
             let joined = if expected.is_empty() { "kept".to_string() } else { format!("kept{expected}") };
             proptest::prop_assert_eq!(out, joined);
+        }
+
+        #[test]
+        fn ascii_substance_agrees_with_the_character_at_a_time_reference(content in contents(true)) {
+            let mut out = String::new();
+            super::substance_into(&content, &mut out);
+            proptest::prop_assert_eq!(out, substance_reference(&content));
         }
 
         #[test]

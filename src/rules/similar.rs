@@ -113,16 +113,18 @@ fn is_stop_word(w: &[u8]) -> bool {
 
 /// A light suffix stemmer, so "agree" and "agreed", "test" and "tests"
 /// meet: strips one of -ing, -ed, -es, -s, -ly, or else a final -e, keeping
-/// at least three bytes.
+/// at least three bytes (the first of those that does: "bees" loses its
+/// -s, as -es would leave two).
 fn stem(w: &[u8]) -> &[u8] {
-    for suffix in [&b"ing"[..], b"ed", b"es", b"s", b"ly", b"e"] {
-        if let Some(stripped) = w.strip_suffix(suffix) {
-            if stripped.len() >= 3 {
-                return stripped;
-            }
-        }
-    }
-    w
+    let cut = |n: usize| (w.len() >= n + 3).then(|| &w[..w.len() - n]);
+    let stemmed = match w {
+        [.., b'i', b'n', b'g'] => cut(3),
+        [.., b'e', b'd'] | [.., b'l', b'y'] => cut(2),
+        [.., b'e', b's'] => cut(2).or_else(|| cut(1)),
+        [.., b's'] | [.., b'e'] => cut(1),
+        _ => None,
+    };
+    stemmed.unwrap_or(w)
 }
 
 /// Jaccard similarity of two sets of words.
@@ -262,6 +264,63 @@ mod tests {
             println!("{s:.2}  {a:?} / {b:?}");
             assert_eq!(s >= 0.6, *echo, "{s:.2} for {a:?} vs {b:?}");
         }
+    }
+
+    /// The stemmer as first written: each suffix in turn.
+    fn stem_reference(w: &[u8]) -> &[u8] {
+        for suffix in [&b"ing"[..], b"ed", b"es", b"s", b"ly", b"e"] {
+            if let Some(stripped) = w.strip_suffix(suffix) {
+                if stripped.len() >= 3 {
+                    return stripped;
+                }
+            }
+        }
+        w
+    }
+
+    #[test]
+    fn stems_keep_three_bytes() {
+        let cases: &[(&str, &str)] = &[
+            ("testing", "test"),
+            ("sing", "sing"),
+            ("agreed", "agre"),
+            ("tests", "test"),
+            ("bees", "bee"),
+            ("yes", "yes"),
+            ("quickly", "quick"),
+            ("agree", "agre"),
+            ("the", "the"),
+        ];
+        for (word, stemmed) in cases {
+            assert_eq!(stem(word.as_bytes()), stemmed.as_bytes(), "{word}");
+            assert_eq!(
+                stem_reference(word.as_bytes()),
+                stemmed.as_bytes(),
+                "{word}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// Words of letters the suffixes are made of, so that every suffix
+        /// and the length limit are met often.
+        #[test]
+        fn stem_agrees_with_trying_each_suffix_in_turn(w in "[a-z]{0,2}[deginlsy]{0,4}") {
+            proptest::prop_assert_eq!(stem(w.as_bytes()), stem_reference(w.as_bytes()));
+        }
+
+        #[test]
+        fn stop_words_are_exactly_the_list(w in "[a-z]{1,7}") {
+            proptest::prop_assert_eq!(is_stop_word(w.as_bytes()), STOP_WORDS.contains(&w.as_str()));
+        }
+    }
+
+    #[test]
+    fn every_stop_word_is_one() {
+        for w in STOP_WORDS {
+            assert!(is_stop_word(w.as_bytes()), "{w}");
+        }
+        assert!(!is_stop_word(b"thee") && !is_stop_word(b"t") && !is_stop_word(b"ands"));
     }
 
     #[test]
