@@ -4,8 +4,10 @@
 Loads N messages into loopguard's ingest stream while loopguard is stopped,
 then starts it and times the drain: until its consumer has acknowledged
 every message. Prints messages a second and loopguard's CPU a message (from
-/proc), with and without a stream that captures egress. Not part of
-`make test`; see docs/operations.md, "A NATS restart and the egress stream".
+/proc), with a stream that captures the transcript and the inboxes (whose
+copies egress_acks then sends as JetStream publishes) and without one
+(where egress_acks changes nothing). Not part of `make test`; see
+docs/operations.md, "A NATS restart and the egress stream".
 
     python3 scripts/probe_js_rate.py target/release/loopguard [messages] [rounds]
 """

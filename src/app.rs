@@ -129,9 +129,14 @@ pub async fn run(
 
     let subjects = judge.subjects().clone();
     let jetstream = &config.nats.jetstream;
+    // Egress families a stream captures whole (`egress_acks`).
+    let mut captured = Vec::new();
     let intake = if jetstream.enabled {
         match open_jetstream(&client, jetstream, &subjects, stopped()).await? {
-            Some(messages) => Intake::JetStream(Box::new(messages)),
+            Some((messages, families)) => {
+                captured = families;
+                Intake::JetStream(Box::new(messages))
+            }
             None => {
                 tracing::info!("shutdown: stopped before JetStream was ready");
                 http.abort();
@@ -162,7 +167,8 @@ pub async fn run(
     // publish overlap another's decision; with more threads, one per thread.
     let workers = config.runtime.threads.max(2);
     let publisher = if jetstream.enabled && jetstream.egress_acks {
-        Publisher::answered(client.clone(), metrics.clone())
+        let ack_wait = Duration::from_secs(jetstream.ack_wait_seconds);
+        Publisher::answered(client.clone(), metrics.clone(), &captured, ack_wait)
     } else {
         Publisher::new(client.clone(), metrics.clone())
     };
@@ -289,20 +295,29 @@ enum Intake {
     JetStream(Box<async_nats::jetstream::consumer::pull::Stream>),
 }
 
-/// Sets up the JetStream stream and consumer, retrying while the server is
+/// Sets up the JetStream stream and consumer and, with `egress_acks`, finds
+/// the egress families streams capture, retrying while the server is
 /// unreachable or not ready; `None` if stopped first.
 async fn open_jetstream(
     client: &async_nats::Client,
     config: &crate::config::JetStreamConfig,
     subjects: &crate::subject::Subjects,
     stopped: impl std::future::Future<Output = ()>,
-) -> Result<Option<async_nats::jetstream::consumer::pull::Stream>, AppError> {
+) -> Result<Option<(async_nats::jetstream::consumer::pull::Stream, Vec<String>)>, AppError> {
     tokio::pin!(stopped);
+    let open = || async {
+        let messages = ingest::jetstream::consumer(client, config, subjects).await?;
+        let captured = match config.egress_acks {
+            true => ingest::jetstream::captured_egress(client, subjects).await?,
+            false => Vec::new(),
+        };
+        Ok((messages, captured))
+    };
     loop {
         tokio::select! {
             _ = &mut stopped => return Ok(None),
-            result = ingest::jetstream::consumer(client, config, subjects) => match result {
-                Ok(messages) => return Ok(Some(messages)),
+            result = open() => match result {
+                Ok(opened) => return Ok(Some(opened)),
                 Err(e @ JetStreamError::Subjects { .. }) => return Err(e.into()),
                 Err(e) => tracing::warn!(error = %e, "JetStream set-up failed; retrying in 2s"),
             },

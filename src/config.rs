@@ -136,11 +136,11 @@ pub struct JetStreamConfig {
     pub ack_wait_seconds: u64,
     /// Messages delivered but not yet acknowledged, at most.
     pub max_ack_pending: u64,
-    /// Publish every output as a JetStream publish and acknowledge the input
-    /// only once the server answered each copy (stored by a stream, or no
-    /// stream captures it). Off: outputs are core publishes, acknowledged
-    /// after a flush, and a NATS restart can lose copies an egress stream had
-    /// not stored yet.
+    /// Send copies of each egress family a stream captures whole (found at
+    /// start-up) as JetStream publishes, and acknowledge the input only once
+    /// the stream answered each: it has stored them. Off (the default): every
+    /// copy is a core publish, confirmed by a flush, and a NATS restart can
+    /// drop copies an egress stream had received but not stored.
     pub egress_acks: bool,
 }
 
@@ -158,7 +158,7 @@ impl Default for JetStreamConfig {
             max_messages: 0,
             ack_wait_seconds: 30,
             max_ack_pending: 10_000,
-            egress_acks: true,
+            egress_acks: false,
         }
     }
 }

@@ -10,49 +10,79 @@ use async_nats::jetstream::context::{
 use crate::judge::{Outbound, PolicyCheck, PolicyOutcome};
 use crate::metrics::{DropReason, Metrics};
 
-/// How long a worker waits for the server's answer to a JetStream publish
-/// before it leaves the input for redelivery.
+/// The longest wait for a stream's answer to a JetStream publish before
+/// the input is left for redelivery; shorter with a short `ack_wait`
+/// (see [`Publisher::answered`]).
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Sends [`Outbound`] messages on one client.
 #[derive(Clone)]
 pub struct Publisher {
     client: async_nats::Client,
-    /// Set with `nats.jetstream.egress_acks`: outputs go out as JetStream
-    /// publishes, each answered by the server.
-    jetstream: Option<async_nats::jetstream::Context>,
+    /// Set with `nats.jetstream.egress_acks`: copies on subjects a stream
+    /// captures go out as JetStream publishes, each answered by the stream.
+    answered: Option<Answered>,
     /// Counts what could not be sent.
     metrics: Metrics,
+}
+
+/// Where and how copies are sent as JetStream publishes.
+#[derive(Clone)]
+struct Answered {
+    jetstream: async_nats::jetstream::Context,
+    /// Subject prefixes (`P.public.`) of the egress families a stream
+    /// captures whole.
+    prefixes: Vec<String>,
 }
 
 impl Publisher {
     pub fn new(client: async_nats::Client, metrics: Metrics) -> Publisher {
         Publisher {
             client,
-            jetstream: None,
+            answered: None,
             metrics,
         }
     }
 
-    /// A publisher whose outputs the server answers ([`Publisher::send_answered`]).
-    pub fn answered(client: async_nats::Client, metrics: Metrics) -> Publisher {
+    /// A publisher that sends copies of the egress families in `captured`
+    /// (wildcards such as `P.private.*.*`, each captured whole by a stream:
+    /// see `ingest::jetstream::captured_egress`) as JetStream publishes;
+    /// the rest as core publishes. Answers are awaited at most half of
+    /// `ack_wait`, so that a message left unanswered is redelivered to the
+    /// worker's replay of its outputs, not decided again.
+    pub fn answered(
+        client: async_nats::Client,
+        metrics: Metrics,
+        captured: &[String],
+        ack_wait: Duration,
+    ) -> Publisher {
         let jetstream = async_nats::jetstream::ContextBuilder::new()
-            .timeout(ANSWER_TIMEOUT)
+            .timeout(ANSWER_TIMEOUT.min(ack_wait / 2))
             // Workers bound what they hold unanswered (`ANSWER_BATCH` in
             // ingest); the context's own bound, reached, would make a worker
             // wait for answers only it can collect.
-            .max_ack_inflight(1 << 30)
+            .max_ack_inflight(1 << 20)
             .build(client.clone());
+        let prefixes = captured
+            .iter()
+            .map(|family| family.split('*').next().unwrap_or_default().to_string())
+            .collect();
         Publisher {
             client,
-            jetstream: Some(jetstream),
+            answered: Some(Answered {
+                jetstream,
+                prefixes,
+            }),
             metrics,
         }
     }
 
-    /// True when outputs go through [`Publisher::send_answered`].
-    pub fn answers(&self) -> bool {
-        self.jetstream.is_some()
+    /// True when a copy on `subject` goes through
+    /// [`Publisher::send_answered`]: a stream captures its family.
+    pub fn answers(&self, subject: &str) -> bool {
+        self.answered
+            .as_ref()
+            .is_some_and(|a| a.prefixes.iter().any(|p| subject.starts_with(p.as_str())))
     }
 
     /// Publishes one message. A failure is counted, logged (rate-limited)
@@ -75,16 +105,15 @@ impl Publisher {
         result
     }
 
-    /// Publishes one message as a JetStream publish: the server answers it
-    /// with a stream's acknowledgement, or with "no responders" when no
-    /// stream captures the subject (core subscribers got it either way).
-    /// `None`: not sent, and sending again could help (the connection is
-    /// gone); the input must stay unacknowledged. An output the server can
-    /// never take (too large) is counted as a publish error and answered as
-    /// done, like the core path, so its input is not redelivered forever.
+    /// Publishes one message as a JetStream publish, which the stream that
+    /// captures its subject answers once it has stored it. `None`: not
+    /// sent, and sending again could help (the connection is gone); the
+    /// input must stay unacknowledged. An output the server can never take
+    /// (too large) is counted as a publish error and answered as done, like
+    /// the core path, so its input is not redelivered forever.
     pub async fn send_answered(&self, out: Outbound) -> Option<Answer> {
         debug_assert_safe(&out.subject);
-        let jetstream = self.jetstream.as_ref()?;
+        let jetstream = &self.answered.as_ref()?.jetstream;
         let mut publish =
             async_nats::jetstream::message::PublishMessage::build().payload(out.payload);
         if let Some(id) = out.msg_id {
@@ -103,20 +132,22 @@ impl Publisher {
         }
     }
 
-    /// Waits for the server's answer to one output: true once it is
-    /// settled (stored, no stream captures it, or refused for good, which is
-    /// counted as a publish error), false when no answer came (timed out, or
-    /// the connection went), so the input must be redelivered.
+    /// Waits for the stream's answer to one output: true once it is settled
+    /// (stored, or refused, which is counted as a publish error), false when
+    /// no stream answered (timed out, the connection went, or "no
+    /// responders": the stream is not there now), so the input must be
+    /// redelivered.
     pub async fn settled(&self, answer: Answer) -> bool {
         let Answer::Awaited(answer) = answer else {
             return true;
         };
         match answer.await {
             Ok(_) => true,
-            Err(e) => settled_by(&e).unwrap_or_else(|| {
+            Err(e) if refused(&e) => {
                 self.metrics.dropped(DropReason::PublishError, &e);
                 true
-            }),
+            }
+            Err(_) => false,
         }
     }
 
@@ -186,16 +217,18 @@ pub enum Answer {
     Done,
 }
 
-/// What a failed JetStream answer means: `Some(true)` settled (no stream
-/// captures the subject), `Some(false)` unknown (no answer: redeliver),
-/// `None` refused by the stream (full, or its own error): settled, but the
-/// copy was not stored.
-fn settled_by(e: &StoreError) -> Option<bool> {
-    match e.kind() {
-        PublishErrorKind::StreamNotFound => Some(true),
-        PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => Some(false),
-        _ => None,
-    }
+/// True when a failed JetStream publish was answered by the stream, which
+/// refused the copy (full, or its own error): settled, but not stored, and
+/// retrying could loop for as long as the stream refuses. False when no
+/// stream answered: timed out, the connection went, or "no responders" (the
+/// stream that captured the subject at start-up is not there now).
+fn refused(e: &StoreError) -> bool {
+    !matches!(
+        e.kind(),
+        PublishErrorKind::StreamNotFound
+            | PublishErrorKind::TimedOut
+            | PublishErrorKind::BrokenPipe
+    )
 }
 
 /// The client does not check subjects (see `skip_subject_validation` in
@@ -213,14 +246,13 @@ mod tests {
 
     #[test]
     fn only_a_missing_answer_leaves_the_input_for_redelivery() {
-        let answer = |kind| settled_by(&StoreError::new(kind));
-        // No stream captures the subject: core subscribers had the copy.
-        assert_eq!(answer(PublishErrorKind::StreamNotFound), Some(true));
-        // No answer: the copy may not be stored.
-        assert_eq!(answer(PublishErrorKind::TimedOut), Some(false));
-        assert_eq!(answer(PublishErrorKind::BrokenPipe), Some(false));
+        let refused = |kind| refused(&StoreError::new(kind));
+        // No answer, or no stream there to answer: the copy may not be stored.
+        assert!(!refused(PublishErrorKind::StreamNotFound));
+        assert!(!refused(PublishErrorKind::TimedOut));
+        assert!(!refused(PublishErrorKind::BrokenPipe));
         // The stream answered with an error: sending again would not help.
-        assert_eq!(answer(PublishErrorKind::Other), None);
-        assert_eq!(answer(PublishErrorKind::WrongLastSequence), None);
+        assert!(refused(PublishErrorKind::Other));
+        assert!(refused(PublishErrorKind::WrongLastSequence));
     }
 }

@@ -103,6 +103,13 @@ impl Subjects {
         format!("{}.join.>", self.prefix)
     }
 
+    /// The families of subjects loopguard publishes, as wildcards of
+    /// exactly their shape: the transcript (`P.public.W`), the inboxes
+    /// (`P.private.W.A`) and the events (`P.events.W`).
+    pub fn egress_wildcards(&self) -> [String; 3] {
+        ["public.*", "private.*.*", "events.*"].map(|family| format!("{}.{family}", self.prefix))
+    }
+
     pub fn public(&self, world: &Name) -> String {
         self.build(".public.", world, None)
     }

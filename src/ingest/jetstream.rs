@@ -3,11 +3,12 @@
 //! `P.raw.>` and `P.join.>` are captured in a stream (created if absent,
 //! verified if present) and read through a durable pull consumer with
 //! explicit acknowledgements. A worker acknowledges a message only after the
-//! outputs it produced were published and flushed (see `Worker`), so a crash
-//! at any point leaves the message to be redelivered. Redelivery yields the
-//! same `Nats-Msg-Id`s — ids come from the payload, the header, or the stream
-//! sequence — so a stream that captures egress with deduplication holds each
-//! approved message exactly once.
+//! outputs it produced were confirmed (see `Worker`): published and flushed,
+//! or, with `egress_acks`, answered by the stream that captures them. So a
+//! crash at any point leaves the message to be redelivered. Redelivery yields
+//! the same `Nats-Msg-Id`s — ids come from the payload, the header, or the
+//! stream sequence — so a stream that captures egress with deduplication
+//! holds each approved message exactly once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -113,6 +114,46 @@ pub async fn consumer(
     consumer.messages().await.map_err(|e| unavailable(&e))
 }
 
+/// The egress families (`P.public.*`, `P.private.*.*`, `P.events.*`) that
+/// a stream captures whole: loopguard sends those copies as JetStream
+/// publishes and waits for the stream's answer (`egress_acks`). Only
+/// those: a JetStream publish that reaches core subscribers and no stream
+/// gets no answer at all. A stream that captures part of a family is
+/// logged: that family's copies are flushed, not answered, and a NATS
+/// restart can drop some.
+pub async fn captured_egress(
+    client: &async_nats::Client,
+    subjects: &Subjects,
+) -> Result<Vec<String>, JetStreamError> {
+    let unavailable = |e: &dyn std::fmt::Display| JetStreamError::Unavailable(e.to_string());
+    let js = jetstream::new(client.clone());
+    let mut streams = js.streams();
+    let mut patterns = Vec::new();
+    while let Some(info) = streams.next().await {
+        let info = info.map_err(|e| unavailable(&e))?;
+        for subject in info.config.subjects {
+            patterns.push((info.config.name.clone(), subject));
+        }
+    }
+    let mut captured = Vec::new();
+    for family in subjects.egress_wildcards() {
+        if let Some((stream, _)) = patterns.iter().find(|(_, p)| covers(p, &family)) {
+            tracing::info!(%family, %stream, "egress answered by a stream (egress_acks)");
+            captured.push(family);
+        } else if let Some((stream, pattern)) = patterns.iter().find(|(_, p)| overlaps(p, &family))
+        {
+            tracing::warn!(
+                %family, %stream, %pattern,
+                "a stream captures part of an egress family: its copies are flushed, not answered by the stream (egress_acks needs one stream to capture the whole family)"
+            );
+        }
+    }
+    if captured.is_empty() {
+        tracing::warn!("egress_acks is on, but no stream captures an egress family: every copy is flushed, not answered");
+    }
+    Ok(captured)
+}
+
 /// 0 means unlimited (-1 to the server).
 fn limit(n: u64) -> i64 {
     if n == 0 {
@@ -131,6 +172,20 @@ fn covers(pattern: &str, subject: &str) -> bool {
             (Some(">"), Some(_)) => return true,
             (Some("*"), Some(t)) if t != ">" => {}
             (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+/// True when the stream subject `pattern` and the wildcard `subject` can
+/// both match some subject (`chat.public.w1` and `chat.public.*`).
+fn overlaps(pattern: &str, subject: &str) -> bool {
+    let (mut p, mut s) = (pattern.split('.'), subject.split('.'));
+    loop {
+        match (p.next(), s.next()) {
+            (Some(">"), Some(_)) | (Some(_), Some(">")) => return true,
+            (Some(a), Some(b)) if a == b || a == "*" || b == "*" => {}
             (None, None) => return true,
             _ => return false,
         }
@@ -197,7 +252,7 @@ pub async fn run(
 
 #[cfg(test)]
 mod tests {
-    use super::covers;
+    use super::{covers, overlaps};
 
     #[test]
     fn stream_subjects_cover_what_they_should() {
@@ -208,5 +263,24 @@ mod tests {
         assert!(!covers("chat.raw.*", "chat.raw.>"));
         assert!(!covers("chat.raw.>", "chat.join.>"));
         assert!(!covers("other.>", "chat.raw.>"));
+    }
+
+    #[test]
+    fn egress_families_are_captured_whole_or_in_part() {
+        for pattern in ["chat.public.*", "chat.public.>", "chat.*.*", "chat.>", ">"] {
+            assert!(covers(pattern, "chat.public.*"), "{pattern}");
+        }
+        assert!(covers("chat.private.>", "chat.private.*.*"));
+        assert!(!covers("chat.private.*", "chat.private.*.*"));
+        for pattern in ["chat.public.w1", "chat.*.w1", "chat.private.*"] {
+            assert!(!covers(pattern, "chat.public.*"), "{pattern}");
+        }
+        assert!(overlaps("chat.public.w1", "chat.public.*"));
+        assert!(overlaps("chat.*.w1", "chat.public.*"));
+        assert!(overlaps("chat.private.w1.>", "chat.private.*.*"));
+        assert!(!overlaps("chat.private.*", "chat.private.*.*"));
+        assert!(!overlaps("chat.private.>", "chat.public.*"));
+        assert!(!overlaps("chat.public.w1.x", "chat.public.*"));
+        assert!(!overlaps("other.public.w1", "chat.public.*"));
     }
 }

@@ -3,8 +3,9 @@
 //!
 //! Two sources feed the same workers: [`core`] (two wildcard subscriptions,
 //! at most once) and [`jetstream`] (a durable pull consumer, at least once,
-//! acknowledged only after the server answered everything a message
-//! produced, or, with `egress_acks` off, after a flush).
+//! acknowledged only once everything a message produced is confirmed: at
+//! the server after a flush, or, with `egress_acks`, stored by the stream
+//! that captures it).
 //!
 //! Ordering: every message of a world goes to the same worker (chosen by a
 //! hash of the world name), and a worker decides and publishes its messages
@@ -29,12 +30,12 @@ use crate::subject::{Origin, Subjects};
 /// subscription buffer is full too, NATS reports a slow consumer).
 pub const WORKER_QUEUE: usize = 4096;
 
-/// JetStream acknowledgements a worker holds before it flushes and sends
-/// them; it also does so whenever its queue runs empty.
+/// JetStream acknowledgements a worker holds before it confirms their
+/// outputs and sends them; it also does so whenever its queue runs empty.
 pub const ACK_BATCH: usize = 256;
 
-/// Answers to JetStream publishes (`egress_acks`) a worker waits for at
-/// most, before it settles its batch early.
+/// Streams' answers to copies (`egress_acks`) a worker awaits at most; past
+/// that it confirms its batch early.
 pub const ANSWER_BATCH: usize = 1024;
 
 /// How a JetStream message is acknowledged, and what identifies it.
@@ -133,8 +134,7 @@ struct Worker {
     acks: Vec<Pending>,
     /// The server's answers to those outputs, in order (`egress_acks`).
     answers: Vec<Answer>,
-    /// The client's connect count when the first of `acks` was published
-    /// (`egress_acks` off).
+    /// The client's connect count when the first of `acks` was published.
     batch_connects: u64,
     /// Messages queued at all workers (the dispatcher's count).
     queued: Arc<AtomicUsize>,
@@ -183,7 +183,7 @@ impl Worker {
             self.batch_connects = self.publisher.connects();
         }
         let replay = self.replay.clone(); // a handle: `decide` borrows self mutably
-        let mut sent = true;
+        let (mut sent, mut flush) = (true, false);
         match (&delivery, &replay) {
             (Some(d), Some(replay)) => {
                 let earlier = if d.redelivered {
@@ -205,13 +205,17 @@ impl Worker {
                     }
                 };
                 for out in outbound.iter() {
-                    sent &= self.send(out.clone()).await;
+                    if !self.send(out.clone(), &mut flush).await {
+                        // Redelivered anyway: the rest would wait in vain.
+                        sent = false;
+                        break;
+                    }
                 }
             }
             // At most once: nothing to replay, so the copies move out.
             _ => {
                 for out in self.decide(origin, &message, None).await {
-                    sent &= self.send(out).await;
+                    let _ = self.send(out, &mut flush).await;
                 }
             }
         }
@@ -219,17 +223,21 @@ impl Worker {
             self.acks.push(Pending {
                 acker: d.acker,
                 sent,
+                flush,
                 answers_end: self.answers.len(),
             });
         }
     }
 
-    /// Publishes one output; false when it was not sent and its message must
-    /// stay unacknowledged (`egress_acks`: the connection is gone). Without
-    /// `egress_acks` a failure is counted and logged by the publisher, and
-    /// the next copy still goes.
-    async fn send(&mut self, out: Outbound) -> bool {
-        if !self.publisher.answers() {
+    /// Publishes one output: as a JetStream publish whose answer the batch
+    /// awaits, where a stream captures its subject (`egress_acks`), else as
+    /// a core publish, noted in `flush`. False when an answered copy was not
+    /// sent (the connection is gone), so its message must stay
+    /// unacknowledged. A core publish that fails is counted and logged by
+    /// the publisher, and the next copy still goes.
+    async fn send(&mut self, out: Outbound, flush: &mut bool) -> bool {
+        if !self.publisher.answers(&out.subject) {
+            *flush = true;
             let _ = self.publisher.send(out).await;
             return true;
         }
@@ -277,58 +285,50 @@ impl Worker {
         decision.outbound
     }
 
-    /// Acknowledges the messages whose outputs are settled: an
+    /// Acknowledges the messages whose outputs are confirmed: an
     /// acknowledgement never reaches the server before the outputs of its
-    /// message. Whatever is not acknowledged is redelivered, and its same ids
-    /// make the second publish a duplicate that an egress stream drops.
+    /// message. Core publishes are confirmed by a flush over the connection
+    /// they were published on; JetStream publishes (`egress_acks`) by the
+    /// stream's answer, which comes once it has stored the copy. The answers
+    /// are awaited all at once, so a silent server costs one timeout, not
+    /// one per copy. Whatever is not acknowledged is redelivered, and its
+    /// same ids make the second publish a duplicate that an egress stream
+    /// drops.
     async fn settle_acks(&mut self) {
         if self.acks.is_empty() {
+            debug_assert!(self.answers.is_empty(), "answers without messages");
             return;
         }
-        if self.publisher.answers() {
-            self.settle_answered().await
-        } else {
-            self.settle_flushed().await
-        }
-    }
-
-    /// `egress_acks`: waits for the server's answer to every output (all at
-    /// once, so a silent server costs one timeout, not one per copy), then
-    /// acknowledges each message all of whose outputs were answered. An
-    /// answer proves the copy reached the server, and, where a stream
-    /// captures its subject, that the stream stored it.
-    async fn settle_answered(&mut self) {
+        let flushed = !self.acks.iter().any(|p| p.flush) || self.flushed().await;
         let publisher = &self.publisher;
-        let settled =
+        let answered =
             futures::future::join_all(self.answers.drain(..).map(|a| publisher.settled(a))).await;
-        let mut from = 0;
-        let mut left = 0;
+        let (mut from, mut left) = (0, 0);
         for pending in self.acks.drain(..) {
-            let answered = &settled[from..pending.answers_end];
+            let confirmed = pending.sent
+                && (flushed || !pending.flush)
+                && answered[from..pending.answers_end].iter().all(|&ok| ok);
             from = pending.answers_end;
-            if pending.sent && answered.iter().all(|&ok| ok) {
-                if let Err(e) = pending.acker.ack().await {
-                    tracing::debug!(error = %e, "ack failed; the message will be redelivered");
-                }
-            } else {
+            if !confirmed {
                 left += 1;
+            } else if let Err(e) = pending.acker.ack().await {
+                tracing::debug!(error = %e, "ack failed; the message will be redelivered");
             }
         }
-        if left > 0 {
+        if left > 0 && flushed {
             tracing::info!(
                 left,
-                "no answer from NATS for some outputs; leaving their messages for redelivery"
+                "no answer from a stream for some outputs; leaving their messages for redelivery"
             );
         }
     }
 
-    /// `egress_acks` off: flushes, then acknowledges. The flush proves the
-    /// outputs reached the server, not that a stream stored them.
-    async fn settle_flushed(&mut self) {
+    /// Flushes: true when everything published since the batch began
+    /// reached the server, over the connection it was published on.
+    async fn flushed(&self) -> bool {
         if let Err(e) = self.publisher.flush().await {
             tracing::warn!(error = %e, pending = self.acks.len(), "flush failed; leaving messages for redelivery");
-            self.acks.clear();
-            return;
+            return false;
         }
         if self.publisher.connects() != self.batch_connects {
             // The flush went over a new connection: publishes written to the
@@ -337,14 +337,9 @@ impl Worker {
                 pending = self.acks.len(),
                 "reconnected during a batch; leaving it for redelivery"
             );
-            self.acks.clear();
-            return;
+            return false;
         }
-        for Pending { acker, .. } in self.acks.drain(..) {
-            if let Err(e) = acker.ack().await {
-                tracing::debug!(error = %e, "ack failed; the message will be redelivered");
-            }
-        }
+        true
     }
 }
 
@@ -354,6 +349,8 @@ struct Pending {
     acker: async_nats::jetstream::message::Acker,
     /// Every output was handed to the client.
     sent: bool,
+    /// Some outputs were core publishes, confirmed by the batch's flush.
+    flush: bool,
     /// Where its outputs' answers end in `Worker::answers` (they start where
     /// the previous message's end).
     answers_end: usize,
