@@ -308,7 +308,16 @@ async fn open_jetstream(
     let open = || async {
         let messages = ingest::jetstream::consumer(client, config, subjects).await?;
         let captured = match config.egress_acks {
-            true => ingest::jetstream::captured_egress(client, subjects).await?,
+            true => ingest::jetstream::captured_egress(client, subjects)
+                .await
+                .unwrap_or_else(|e| {
+                    // The consumer is up, so JetStream answers: most likely
+                    // the stream list is not permitted. Retrying would not
+                    // help, and flushing every copy is the mode without
+                    // egress_acks.
+                    tracing::error!(error = %e, "egress_acks: cannot list the streams; every copy is flushed, not answered");
+                    Vec::new()
+                }),
             false => Vec::new(),
         };
         Ok((messages, captured))

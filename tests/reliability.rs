@@ -282,6 +282,89 @@ async fn a_nats_restart_mid_traffic_loses_nothing() {
     println!("restart with {at_restart} of the first {} stored", N / 2);
 }
 
+/// With `egress_acks`, a message waits for the stream's answer to its
+/// copies, however long: the egress stream is deleted while loopguard runs
+/// (a core subscriber still takes the copies, so nothing answers them), and
+/// the messages published meanwhile stay unacknowledged and are redelivered
+/// until the stream is back; then each is stored once.
+#[tokio::test]
+async fn egress_acks_acknowledge_only_what_the_stream_answered() {
+    const N: usize = 10;
+    let nats = NatsServer::start_jetstream();
+    let client = within("client", async_nats::connect(nats.url()))
+        .await
+        .unwrap();
+    let js = jetstream::new(client.clone());
+    egress_stream(&js).await;
+    let _transcript = client.subscribe("chat.public.>").await.unwrap();
+    within("subscribed", client.flush()).await.unwrap();
+    let lg = Loopguard::spawn(&nats.url(), &js_acks_config());
+    until_ready(&lg).await;
+    within("delete the egress stream", js.delete_stream("EGRESS"))
+        .await
+        .expect("deleted");
+    publish_messages(&js, 0..N).await;
+
+    // Past an `ack_wait` (2 s): unacknowledged, and delivered again.
+    let consumer = || async {
+        let stream = js.get_stream("LOOPGUARD_INGEST").await.unwrap();
+        let mut consumer: jetstream::consumer::PullConsumer =
+            stream.get_consumer("loopguard").await.unwrap();
+        consumer.info().await.unwrap().clone()
+    };
+    within("a redelivery", async {
+        while consumer().await.num_redelivered == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let info = consumer().await;
+    assert_eq!(
+        info.num_ack_pending as u64 + info.num_pending,
+        N as u64,
+        "acknowledged without the stream's answer\n{}",
+        lg.logs()
+    );
+
+    egress_stream(&js).await;
+    until_ingest_acknowledged(&js, &lg).await;
+    assert_eq!(stream_messages(&js, "EGRESS").await, N as u64);
+    let logs = lg.logs();
+    assert!(logs.contains("no answer from a stream"), "{logs}");
+}
+
+/// A stream that stores without answering (`no_ack`) cannot confirm a
+/// copy: it is not used for `egress_acks`, and its family is flushed.
+#[tokio::test]
+async fn egress_acks_leave_no_ack_streams_to_the_flush() {
+    let nats = NatsServer::start_jetstream();
+    let client = within("client", async_nats::connect(nats.url()))
+        .await
+        .unwrap();
+    let js = jetstream::new(client.clone());
+    within(
+        "egress stream",
+        js.create_stream(stream::Config {
+            name: "SILENT".into(),
+            subjects: vec!["chat.public.*".into()],
+            no_ack: true,
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("egress stream");
+    let lg = Loopguard::spawn(&nats.url(), &js_acks_config());
+    until_ready(&lg).await;
+    publish_messages(&js, 0..10).await;
+    until_ingest_acknowledged(&js, &lg).await;
+    let logs = lg.logs();
+    assert!(
+        logs.contains("does not answer publishes") && logs.contains("stream=SILENT"),
+        "{logs}"
+    );
+    assert!(!logs.contains("egress answered by a stream"), "{logs}");
+}
+
 /// A copy the egress stream refuses (here: full, discarding new messages) is
 /// counted as a publish error, and its message acknowledged: the server
 /// answered, and redelivering would be refused again, forever.

@@ -33,9 +33,11 @@ pub enum JetStreamError {
 }
 
 /// Decisions whose acknowledgement may not have reached the server, by
-/// stream sequence: a redelivery while the first outputs are still in flight
-/// republishes them instead of deciding again (which would see its own
-/// earlier approval, e.g. as a duplicate). Bounded in count and age.
+/// stream sequence: a redelivery while the first outputs are not yet
+/// confirmed (in flight, or a NATS outage of any length) republishes them
+/// instead of deciding again (which would see its own earlier approval,
+/// e.g. as a duplicate). Removed once the message is acknowledged; bounded
+/// in count (the least recently used go first).
 #[derive(Clone)]
 pub struct Replay(moka::sync::Cache<u64, Arc<[Outbound]>>);
 
@@ -44,9 +46,14 @@ impl Replay {
         Replay(
             moka::sync::Cache::builder()
                 .max_capacity(2 * config.max_ack_pending)
-                .time_to_live(Duration::from_secs(2 * config.ack_wait_seconds))
                 .build(),
         )
+    }
+
+    /// The message is acknowledged: a later redelivery (an acknowledgement
+    /// lost on the way) is decided afresh, its outputs being out.
+    pub fn remove(&self, sequence: u64) {
+        self.0.invalidate(&sequence);
     }
 
     pub fn get(&self, sequence: u64) -> Option<Arc<[Outbound]>> {
@@ -131,6 +138,15 @@ pub async fn captured_egress(
     let mut patterns = Vec::new();
     while let Some(info) = streams.next().await {
         let info = info.map_err(|e| unavailable(&e))?;
+        if info.config.no_ack || info.config.sealed {
+            // Stores without answering (`no_ack`, required of a stream on
+            // `>`), or stores nothing more (sealed): no answer would come.
+            tracing::warn!(
+                stream = %info.config.name,
+                "a stream that does not answer publishes (no_ack or sealed) is not used for egress_acks; copies it captures are flushed"
+            );
+            continue;
+        }
         for subject in info.config.subjects {
             patterns.push((info.config.name.clone(), subject));
         }

@@ -222,6 +222,7 @@ impl Worker {
         if let Some(d) = delivery {
             self.acks.push(Pending {
                 acker: d.acker,
+                sequence: d.sequence,
                 sent,
                 flush,
                 answers_end: self.answers.len(),
@@ -311,10 +312,18 @@ impl Worker {
             from = pending.answers_end;
             if !confirmed {
                 left += 1;
-            } else if let Err(e) = pending.acker.ack().await {
+                continue;
+            }
+            if let Err(e) = pending.acker.ack().await {
                 tracing::debug!(error = %e, "ack failed; the message will be redelivered");
             }
+            if let Some(replay) = &self.replay {
+                replay.remove(pending.sequence);
+            }
         }
+        // The next batch starts here, also when a policy call settled this
+        // one in the middle of a message.
+        self.batch_connects = self.publisher.connects();
         if left > 0 && flushed {
             tracing::info!(
                 left,
@@ -347,6 +356,8 @@ impl Worker {
 /// acknowledged.
 struct Pending {
     acker: async_nats::jetstream::message::Acker,
+    /// Its stream sequence, under which `Worker::replay` keeps its outputs.
+    sequence: u64,
     /// Every output was handed to the client.
     sent: bool,
     /// Some outputs were core publishes, confirmed by the batch's flush.
