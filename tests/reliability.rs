@@ -27,17 +27,33 @@ fn js_acks_config() -> String {
 /// A stream that captures the public transcript and drops copies whose
 /// `Nats-Msg-Id` it has seen in the last two minutes.
 async fn egress_stream(js: &jetstream::Context) {
-    within(
-        "egress stream",
-        js.create_stream(stream::Config {
+    create_stream(
+        js,
+        stream::Config {
             name: "EGRESS".into(),
             subjects: vec!["chat.public.>".into()],
             duplicate_window: Duration::from_secs(120),
             ..Default::default()
-        }),
+        },
     )
-    .await
-    .expect("egress stream");
+    .await;
+}
+
+/// Creates a stream, or fails the test.
+async fn create_stream(js: &jetstream::Context, config: stream::Config) {
+    let name = config.name.clone();
+    within("create stream", js.create_stream(config))
+        .await
+        .unwrap_or_else(|e| panic!("stream {name}: {e}"));
+}
+
+/// A client of `nats` and its JetStream context.
+async fn connect(nats: &NatsServer) -> (async_nats::Client, jetstream::Context) {
+    let client = within("client", async_nats::connect(nats.url()))
+        .await
+        .unwrap();
+    let js = jetstream::new(client.clone());
+    (client, js)
 }
 
 async fn stream_messages(js: &jetstream::Context, name: &str) -> u64 {
@@ -241,10 +257,7 @@ async fn a_nats_restart_mid_traffic_loses_nothing() {
     // drops what its streams have not stored yet.
     const N: usize = 10_000;
     let mut nats = NatsServer::start_jetstream();
-    let client = within("client", async_nats::connect(nats.url()))
-        .await
-        .unwrap();
-    let js = jetstream::new(client.clone());
+    let (client, js) = connect(&nats).await;
     egress_stream(&js).await;
     let mut setup = Loopguard::spawn(&nats.url(), JS_CONFIG);
     until_ready(&setup).await;
@@ -291,10 +304,7 @@ async fn a_nats_restart_mid_traffic_loses_nothing() {
 async fn egress_acks_acknowledge_only_what_the_stream_answered() {
     const N: usize = 10;
     let nats = NatsServer::start_jetstream();
-    let client = within("client", async_nats::connect(nats.url()))
-        .await
-        .unwrap();
-    let js = jetstream::new(client.clone());
+    let (client, js) = connect(&nats).await;
     egress_stream(&js).await;
     let _transcript = client.subscribe("chat.public.>").await.unwrap();
     within("subscribed", client.flush()).await.unwrap();
@@ -338,21 +348,17 @@ async fn egress_acks_acknowledge_only_what_the_stream_answered() {
 #[tokio::test]
 async fn egress_acks_leave_no_ack_streams_to_the_flush() {
     let nats = NatsServer::start_jetstream();
-    let client = within("client", async_nats::connect(nats.url()))
-        .await
-        .unwrap();
-    let js = jetstream::new(client.clone());
-    within(
-        "egress stream",
-        js.create_stream(stream::Config {
+    let (_, js) = connect(&nats).await;
+    create_stream(
+        &js,
+        stream::Config {
             name: "SILENT".into(),
             subjects: vec!["chat.public.*".into()],
             no_ack: true,
             ..Default::default()
-        }),
+        },
     )
-    .await
-    .expect("egress stream");
+    .await;
     let lg = Loopguard::spawn(&nats.url(), &js_acks_config());
     until_ready(&lg).await;
     publish_messages(&js, 0..10).await;
@@ -373,22 +379,18 @@ async fn copies_a_full_egress_stream_refuses_are_counted_not_redelivered() {
     const N: usize = 20;
     const ROOM: usize = 5;
     let nats = NatsServer::start_jetstream();
-    let client = within("client", async_nats::connect(nats.url()))
-        .await
-        .unwrap();
-    let js = jetstream::new(client.clone());
-    within(
-        "egress stream",
-        js.create_stream(stream::Config {
+    let (_, js) = connect(&nats).await;
+    create_stream(
+        &js,
+        stream::Config {
             name: "EGRESS".into(),
             subjects: vec!["chat.public.>".into()],
             max_messages: ROOM as i64,
             discard: stream::DiscardPolicy::New,
             ..Default::default()
-        }),
+        },
     )
-    .await
-    .expect("egress stream");
+    .await;
     let lg = Loopguard::spawn(&nats.url(), &js_acks_config());
     until_ready(&lg).await;
     publish_messages(&js, 0..N).await;
@@ -409,20 +411,16 @@ async fn copies_a_full_egress_stream_refuses_are_counted_not_redelivered() {
 #[tokio::test]
 async fn egress_acks_with_a_stream_on_part_of_a_family_flush_that_family() {
     let nats = NatsServer::start_jetstream();
-    let client = within("client", async_nats::connect(nats.url()))
-        .await
-        .unwrap();
-    let js = jetstream::new(client.clone());
-    within(
-        "egress stream",
-        js.create_stream(stream::Config {
+    let (client, js) = connect(&nats).await;
+    create_stream(
+        &js,
+        stream::Config {
             name: "W1_ONLY".into(),
             subjects: vec!["chat.public.w1".into()],
             ..Default::default()
-        }),
+        },
     )
-    .await
-    .expect("egress stream");
+    .await;
     // A core subscriber on the transcript: with no stream to answer, a
     // JetStream publish that reached it would get no answer at all.
     let mut transcript = client.subscribe("chat.public.>").await.unwrap();
@@ -451,10 +449,7 @@ async fn egress_acks_with_a_stream_on_part_of_a_family_flush_that_family() {
 async fn sigterm_under_load_leaves_the_rest_for_redelivery_and_exits_within_the_grace_period() {
     const N: usize = 4000;
     let nats = NatsServer::start_jetstream();
-    let client = within("client", async_nats::connect(nats.url()))
-        .await
-        .unwrap();
-    let js = jetstream::new(client.clone());
+    let (_, js) = connect(&nats).await;
     egress_stream(&js).await;
     let config = format!("[shutdown]\ngrace_seconds = 5\n{JS_CONFIG}");
     let mut first = Loopguard::spawn(&nats.url(), &config);
@@ -485,20 +480,16 @@ async fn sigterm_under_load_leaves_the_rest_for_redelivery_and_exits_within_the_
 #[tokio::test]
 async fn an_existing_stream_that_misses_the_subjects_stops_start_up_with_a_clear_error() {
     let nats = NatsServer::start_jetstream();
-    let client = within("client", async_nats::connect(nats.url()))
-        .await
-        .unwrap();
-    let js = jetstream::new(client.clone());
-    within(
-        "stream",
-        js.create_stream(stream::Config {
+    let (_, js) = connect(&nats).await;
+    create_stream(
+        &js,
+        stream::Config {
             name: "LOOPGUARD_INGEST".into(),
             subjects: vec!["chat.raw.>".into()],
             ..Default::default()
-        }),
+        },
     )
-    .await
-    .unwrap();
+    .await;
     let mut lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
     within("loopguard to exit", async {
         loop {
