@@ -36,8 +36,9 @@ pub enum JetStreamError {
 /// stream sequence: a redelivery while the first outputs are not yet
 /// confirmed (in flight, or a NATS outage of any length) republishes them
 /// instead of deciding again (which would see its own earlier approval,
-/// e.g. as a duplicate). Removed once the message is acknowledged; bounded
-/// in count (the least recently used go first).
+/// e.g. as a duplicate). Bounded in count (the least recently used go
+/// first); removed once the message is acknowledged with every copy stored
+/// by a stream (`Worker::settle_acks`).
 #[derive(Clone)]
 pub struct Replay(moka::sync::Cache<u64, Arc<[Outbound]>>);
 
@@ -50,8 +51,8 @@ impl Replay {
         )
     }
 
-    /// The message is acknowledged: a later redelivery (an acknowledgement
-    /// lost on the way) is decided afresh, its outputs being out.
+    /// The message is acknowledged and its copies stored: a later
+    /// redelivery (an acknowledgement lost on the way) is decided afresh.
     pub fn remove(&self, sequence: u64) {
         self.0.invalidate(&sequence);
     }

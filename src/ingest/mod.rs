@@ -317,7 +317,11 @@ impl Worker {
             if let Err(e) = pending.acker.ack().await {
                 tracing::debug!(error = %e, "ack failed; the message will be redelivered");
             }
-            if let Some(replay) = &self.replay {
+            // Every copy stored (or none to send): a redelivery after a
+            // lost acknowledgement can be decided afresh. A flushed copy
+            // may have died with the connection, as the acknowledgement
+            // did: its decision stays for a replay.
+            if let (Some(replay), false) = (&self.replay, pending.flush) {
                 replay.remove(pending.sequence);
             }
         }
