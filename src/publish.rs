@@ -48,8 +48,8 @@ impl Publisher {
     /// (wildcards such as `P.private.*.*`, each captured whole by a stream:
     /// see `ingest::jetstream::captured_egress`) as JetStream publishes;
     /// the rest as core publishes. Answers are awaited at most half of
-    /// `ack_wait`, so that a message left unanswered is redelivered to the
-    /// worker's replay of its outputs, not decided again.
+    /// `ack_wait`, so that a worker has settled a batch before the server
+    /// redelivers its messages.
     pub fn answered(
         client: async_nats::Client,
         metrics: Metrics,

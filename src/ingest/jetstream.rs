@@ -136,33 +136,33 @@ pub async fn captured_egress(
     let unavailable = |e: &dyn std::fmt::Display| JetStreamError::Unavailable(e.to_string());
     let js = jetstream::new(client.clone());
     let mut streams = js.streams();
+    // (stream, subject pattern, whether the stream answers publishes)
     let mut patterns = Vec::new();
     while let Some(info) = streams.next().await {
         let info = info.map_err(|e| unavailable(&e))?;
-        if info.config.no_ack || info.config.sealed {
-            // Stores without answering (`no_ack`, required of a stream on
-            // `>`), or stores nothing more (sealed): no answer would come.
-            tracing::warn!(
-                stream = %info.config.name,
-                "a stream that does not answer publishes (no_ack or sealed) is not used for egress_acks; copies it captures are flushed"
-            );
-            continue;
-        }
+        // A `no_ack` stream (required of one on `>`) stores without
+        // answering, and a sealed one stores nothing more.
+        let answers = !info.config.no_ack && !info.config.sealed;
         for subject in info.config.subjects {
-            patterns.push((info.config.name.clone(), subject));
+            patterns.push((info.config.name.clone(), subject, answers));
         }
     }
     let mut captured = Vec::new();
     for family in subjects.egress_wildcards() {
-        if let Some((stream, _)) = patterns.iter().find(|(_, p)| covers(p, &family)) {
+        let answering = patterns
+            .iter()
+            .find(|(_, p, answers)| *answers && covers(p, &family));
+        if let Some((stream, _, _)) = answering {
             tracing::info!(%family, %stream, "egress answered by a stream (egress_acks)");
             captured.push(family);
-        } else if let Some((stream, pattern)) = patterns.iter().find(|(_, p)| overlaps(p, &family))
+        } else if let Some((stream, pattern, answers)) =
+            patterns.iter().find(|(_, p, _)| overlaps(p, &family))
         {
-            tracing::warn!(
-                %family, %stream, %pattern,
-                "a stream captures part of an egress family: its copies are flushed, not answered by the stream (egress_acks needs one stream to capture the whole family)"
-            );
+            let why = match answers {
+                true => "a stream captures part of an egress family: its copies are flushed, not answered by the stream (egress_acks needs one stream to capture the whole family)",
+                false => "a stream that does not answer publishes (no_ack or sealed) captures egress: its copies are flushed, not answered",
+            };
+            tracing::warn!(%family, %stream, %pattern, "{why}");
         }
     }
     if captured.is_empty() {
