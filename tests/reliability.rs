@@ -254,7 +254,10 @@ async fn a_nats_restart_mid_traffic_loses_nothing() {
     // as it can and the restart lands mid-burst. The transcript's copies are
     // confirmed by the egress stream's answers (`egress_acks`): a flush
     // proves only that the server received a copy, and a server that stops
-    // drops what its streams have not stored yet.
+    // drops what its streams have not stored yet. The server is stopped with
+    // SIGTERM, as an operator stops it: after a SIGKILL mid-burst,
+    // nats-server 2.9.10's consumer was seen to deliver nothing more,
+    // messages pending and a pull request waiting (docs/operations.md).
     const N: usize = 10_000;
     let mut nats = NatsServer::start_jetstream();
     let (client, js) = connect(&nats).await;
@@ -272,7 +275,7 @@ async fn a_nats_restart_mid_traffic_loses_nothing() {
     })
     .await;
     let at_restart = stream_messages(&js, "EGRESS").await;
-    nats.restart();
+    nats.restart_after_sigterm();
     assert!(
         at_restart < (N / 2) as u64,
         "restarted too late to prove anything: {at_restart}"

@@ -138,6 +138,19 @@ impl NatsServer {
         self.wait_accepting();
     }
 
+    /// Stops the server as an operator would (SIGTERM: it saves its
+    /// streams' and consumers' state before it exits) and starts it again
+    /// like [`NatsServer::restart`].
+    pub fn restart_after_sigterm(&mut self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(ok.success());
+        let _ = self.child.wait();
+        self.restart();
+    }
+
     /// Starts a server on a given `port` (to restart one where it was).
     pub fn start_on(port: u16) -> NatsServer {
         let child = Command::new(nats_server_bin())
