@@ -20,6 +20,8 @@ WORKDIR /src
 # Dependencies first, so source edits do not refetch the registry. Every
 # target Cargo.toml names must exist for cargo to read it: stubs here.
 COPY Cargo.toml Cargo.lock ./
+# async-nats with loopguard's patch (vendor/async-nats/PATCH.md).
+COPY vendor ./vendor
 RUN mkdir src examples benches \
  && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
  && for t in examples/demo examples/pgo_train benches/relay benches/decision benches/state_memory; do \

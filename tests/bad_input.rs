@@ -5,7 +5,7 @@
 mod support;
 
 use serde_json::json;
-use support::{msg, Harness};
+use support::{msg, within, Harness, NatsServer};
 
 const SMALL: &str = "[limits]\nmax_payload_bytes = 1024\n[rules.duplicate]\nwindow_seconds = 0\n";
 
@@ -218,4 +218,137 @@ async fn a_burst_of_garbage_leaves_valid_traffic_untouched() {
             .collect::<Vec<_>>()
     );
     assert!(h.loopguard.is_running());
+}
+
+/// Publishes `ops` (NATS protocol lines, as bytes) from a raw connection, as
+/// a client written in any language may: nats-server passes on a subject
+/// that is not UTF-8, and a header block it does not read.
+async fn publish_raw(url: &str, ops: &[u8]) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let addr = url.trim_start_matches("nats://");
+    let stream = within("raw connect", tokio::net::TcpStream::connect(addr))
+        .await
+        .expect("raw connection");
+    let mut stream = BufReader::new(stream);
+    let mut line = String::new();
+    within("INFO", stream.read_line(&mut line))
+        .await
+        .expect("INFO");
+    let mut out = b"CONNECT {\"verbose\":false,\"pedantic\":false,\"headers\":true}\r\n".to_vec();
+    out.extend_from_slice(ops);
+    out.extend_from_slice(b"PING\r\n");
+    within("raw publish", stream.get_mut().write_all(&out))
+        .await
+        .expect("raw publish");
+    line.clear();
+    within("PONG", stream.read_line(&mut line))
+        .await
+        .expect("PONG");
+    assert_eq!(line, "PONG\r\n", "the server took the publishes");
+}
+
+/// An HPUB of `payload` with the header block `headers`.
+fn hpub(subject: &str, headers: &[u8], payload: &[u8]) -> Vec<u8> {
+    let mut op = format!(
+        "HPUB {subject} {} {}\r\n",
+        headers.len(),
+        headers.len() + payload.len()
+    )
+    .into_bytes();
+    op.extend_from_slice(headers);
+    op.extend_from_slice(payload);
+    op.extend_from_slice(b"\r\n");
+    op
+}
+
+#[tokio::test]
+async fn subjects_and_headers_that_are_not_utf8_cost_loopguard_nothing() {
+    let mut h = Harness::start(SMALL).await;
+    let hi = msg("hi").to_string();
+    // A subject that is not UTF-8: the sender (the world is fine) gets a
+    // rejection; the world ("w\u{fffd}") gets nothing, as any invalid world.
+    let mut ops = b"PUB chat.raw.w.agent.al\xffce ".to_vec();
+    ops.extend_from_slice(format!("{}\r\n{hi}\r\n", hi.len()).as_bytes());
+    ops.extend_from_slice(b"PUB chat.raw.w\xff.agent.alice ");
+    ops.extend_from_slice(format!("{}\r\n{hi}\r\n", hi.len()).as_bytes());
+    publish_raw(&h.nats.url(), &ops).await;
+    let out = h.settle("w").await;
+    assert_rejected(&out, "w", "invalid");
+
+    // Header blocks the NATS client could not read: the message is judged
+    // on its payload, as if it had no headers.
+    for (i, headers) in [
+        &b"NATS/1.0\r\nNats-Msg-Id: x\xff\xfe\r\n\r\n"[..],
+        b"NATS/1.0\r\nno colon here\r\n\r\n",
+        b"HTTP/1.1\r\nX: y\r\n\r\n",
+        b"NATS/1.0 abc\r\nX: y\r\n\r\n",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let body = json!({"content": format!("with bad headers {i}"), "id": format!("h{i}")});
+        let op = hpub(
+            "chat.raw.w.human.hank",
+            headers,
+            body.to_string().as_bytes(),
+        );
+        publish_raw(&h.nats.url(), &op).await;
+        h.send_json(
+            "w",
+            "human",
+            "hank",
+            json!({"content": format!("plain {i}"), "id": format!("p{i}")}),
+        )
+        .await;
+        let out = h.settle("w").await;
+        let ids: Vec<_> = out
+            .public("w")
+            .iter()
+            .map(|r| r.str("id").to_string())
+            .collect();
+        assert_eq!(
+            ids,
+            [format!("h{i}"), format!("p{i}")],
+            "{headers:?}: both delivered, in order"
+        );
+    }
+
+    // Each of these used to end loopguard's NATS connection, and lose every
+    // message read with it.
+    let scrape = support::Scrape::take(&h.loopguard.http_addr().await).await;
+    assert_eq!(
+        scrape.get("loopguard_nats_reconnects_total", &[]),
+        0.0,
+        "loopguard kept its connection; its log:\n{}",
+        h.loopguard.logs()
+    );
+    assert!(h.loopguard.is_running());
+}
+
+/// An approved message whose copy the server cannot take (over its
+/// `max_payload`: plain-text control bytes are escaped six bytes each) is
+/// counted as a drop, not a delivery, and the next message still goes.
+#[tokio::test]
+async fn a_copy_the_server_cannot_take_is_a_drop_not_a_delivery() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let conf = dir.path().join("nats.conf");
+    std::fs::write(&conf, "max_payload: 2048\n").expect("server config");
+    let nats = NatsServer::start_with(&["-c", conf.to_str().expect("path")]);
+    let mut h = Harness::start_on(nats, SMALL).await;
+    h.send("w", "human", "hank", vec![1u8; 1000]).await;
+    h.send_json("w", "human", "hank", json!({"content": "fits", "id": "ok"}))
+        .await;
+    let out = h.settle("w").await;
+    let ids: Vec<_> = out.public("w").iter().map(|r| r.str("id")).collect();
+    assert_eq!(ids, ["ok"], "only the copy that fits arrives");
+    let scrape = support::Scrape::take(&h.loopguard.http_addr().await).await;
+    assert_eq!(
+        scrape.get("loopguard_dropped_total", &[("reason", "publish_error")]),
+        1.0
+    );
+    assert_eq!(
+        scrape.get("loopguard_deliveries_total", &[("visibility", "public")]),
+        1.0,
+        "the copy that was not published is not a delivery"
+    );
 }

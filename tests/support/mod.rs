@@ -401,7 +401,11 @@ pub struct Harness {
 impl Harness {
     /// Starts everything and waits until loopguard answers.
     pub async fn start(extra_toml: &str) -> Harness {
-        let nats = NatsServer::start();
+        Harness::start_on(NatsServer::start(), extra_toml).await
+    }
+
+    /// Like [`Harness::start`], on a server started by the caller.
+    pub async fn start_on(nats: NatsServer, extra_toml: &str) -> Harness {
         let loopguard = Loopguard::spawn(&nats.url(), extra_toml);
         let client = within("test client", async_nats::connect(nats.url()))
             .await

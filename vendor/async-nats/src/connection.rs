@@ -177,8 +177,15 @@ impl Connection {
         }
 
         if self.read_buf.starts_with(b"MSG ") {
-            let line = str::from_utf8(&self.read_buf[4..len])
-                .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+            // loopguard patch: see `lossy_line`.
+            let lossy;
+            let line = match str::from_utf8(&self.read_buf[4..len]) {
+                Ok(line) => line,
+                Err(_) => {
+                    lossy = lossy_line(&self.read_buf[4..len]);
+                    lossy.as_str()
+                }
+            };
             let mut args = line.split(' ').filter(|s| !s.is_empty());
 
             // Parse the operation syntax: MSG <subject> <sid> [reply-to] <#bytes>
@@ -251,8 +258,15 @@ impl Connection {
 
         if self.read_buf.starts_with(b"HMSG ") {
             // Extract whitespace-delimited arguments that come after "HMSG".
-            let line = std::str::from_utf8(&self.read_buf[5..len])
-                .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+            // loopguard patch: see `lossy_line`.
+            let lossy;
+            let line = match str::from_utf8(&self.read_buf[5..len]) {
+                Ok(line) => line,
+                Err(_) => {
+                    lossy = lossy_line(&self.read_buf[5..len]);
+                    lossy.as_str()
+                }
+            };
             let mut args = line.split_whitespace().filter(|s| !s.is_empty());
 
             // <subject> <sid> [reply-to] <# header bytes><# total bytes>
@@ -331,68 +345,18 @@ impl Connection {
             let payload = self.read_buf.split_to(total_len - header_len).freeze();
             self.read_buf.advance(2);
 
-            let mut lines = std::str::from_utf8(&header)
-                .map_err(|_| {
-                    io::Error::new(io::ErrorKind::InvalidInput, "header isn't valid utf-8")
-                })?
-                .lines()
-                .peekable();
-            let version_line = lines.next().ok_or_else(|| {
-                io::Error::new(io::ErrorKind::InvalidInput, "no header version line found")
-            })?;
-
-            let version_line_suffix = version_line
-                .strip_prefix("NATS/1.0")
-                .map(str::trim)
-                .ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        "header version line does not begin with `NATS/1.0`",
-                    )
-                })?;
-
-            let (status, description) = version_line_suffix
-                .split_once(' ')
-                .map(|(status, description)| (status.trim(), description.trim()))
-                .unwrap_or((version_line_suffix, ""));
-            let status = if !status.is_empty() {
-                Some(
-                    status
-                        .parse::<StatusCode>()
-                        .map_err(|_| std::io::Error::other("could not parse status parameter"))?,
-                )
-            } else {
-                None
-            };
-            let description = if !description.is_empty() {
-                Some(description.to_owned())
-            } else {
-                None
-            };
-
-            let mut headers = HeaderMap::new();
-            while let Some(line) = lines.next() {
-                if line.is_empty() {
-                    continue;
+            // loopguard patch: a header block the server passed on but that
+            // cannot be read (not UTF-8, no `NATS/1.0` line, a line without
+            // `:`) is a publisher's error. It used to end the connection, and
+            // every message buffered with it; now the message arrives without
+            // its headers.
+            let (headers, status, description) = match parse_headers(&header) {
+                Ok(parsed) => parsed,
+                Err(err) => {
+                    tracing::debug!(%subject, error = %err, "unreadable message headers dropped");
+                    (HeaderMap::new(), None, None)
                 }
-
-                let (name, value) = line.split_once(':').ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidInput, "no header version line found")
-                })?;
-
-                let name = HeaderName::from_str(name)
-                    .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
-
-                // Read the header value, which might have been split into multiple lines
-                // `trim_start` and `trim_end` do the same job as doing `value.trim().to_owned()` at the end, but without a reallocation
-                let mut value = value.trim_start().to_owned();
-                while let Some(v) = lines.next_if(|s| s.starts_with(char::is_whitespace)) {
-                    value.push_str(v);
-                }
-                value.truncate(value.trim_end().len());
-
-                headers.append(name, value.into_header_value());
-            }
+            };
 
             trace!(
                 subject = %subject,
@@ -760,6 +724,83 @@ impl Connection {
             Poll::Ready(Err(err)) => Poll::Ready(Err(err)),
         }
     }
+}
+
+/// loopguard patch: nats-server passes on the subject of a publish without
+/// checking that it is UTF-8, and `Subject` must be a `str`. Such a line used
+/// to end the connection (and lose every message read with it); now the
+/// invalid bytes become U+FFFD, and the subscriber sees a subject it can
+/// reject. Only lines that are not UTF-8 pay for the copy.
+fn lossy_line(line: &[u8]) -> String {
+    String::from_utf8_lossy(line).into_owned()
+}
+
+/// The headers of an HMSG (loopguard patch: the parsing moved here from
+/// `try_read_op` unchanged, except that bytes that are not UTF-8 become
+/// U+FFFD, so that an error costs the message's headers, not the
+/// connection).
+fn parse_headers(
+    header: &[u8],
+) -> io::Result<(HeaderMap, Option<StatusCode>, Option<String>)> {
+    let text = String::from_utf8_lossy(header);
+    let mut lines = text.lines().peekable();
+    let version_line = lines.next().ok_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidInput, "no header version line found")
+    })?;
+
+    let version_line_suffix = version_line
+        .strip_prefix("NATS/1.0")
+        .map(str::trim)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "header version line does not begin with `NATS/1.0`",
+            )
+        })?;
+
+    let (status, description) = version_line_suffix
+        .split_once(' ')
+        .map(|(status, description)| (status.trim(), description.trim()))
+        .unwrap_or((version_line_suffix, ""));
+    let status = if !status.is_empty() {
+        Some(
+            status
+                .parse::<StatusCode>()
+                .map_err(|_| std::io::Error::other("could not parse status parameter"))?,
+        )
+    } else {
+        None
+    };
+    let description = if !description.is_empty() {
+        Some(description.to_owned())
+    } else {
+        None
+    };
+
+    let mut headers = HeaderMap::new();
+    while let Some(line) = lines.next() {
+        if line.is_empty() {
+            continue;
+        }
+
+        let (name, value) = line.split_once(':').ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "no header version line found")
+        })?;
+
+        let name = HeaderName::from_str(name)
+            .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+
+        // Read the header value, which might have been split into multiple lines
+        // `trim_start` and `trim_end` do the same job as doing `value.trim().to_owned()` at the end, but without a reallocation
+        let mut value = value.trim_start().to_owned();
+        while let Some(v) = lines.next_if(|s| s.starts_with(char::is_whitespace)) {
+            value.push_str(v);
+        }
+        value.truncate(value.trim_end().len());
+
+        headers.append(name, value.into_header_value());
+    }
+    Ok((headers, status, description))
 }
 
 #[cfg(feature = "websockets")]
