@@ -1028,6 +1028,29 @@ fn validate_rules(key: &str, rules: &RulesConfig) -> Result<(), ConfigError> {
             "must be 1 to 10000",
         ));
     }
+    // A window of 0 holds nothing, so its rule would never reject: turned
+    // off without a word. The limit is what turns a rule off (contract §5).
+    for (rule, on, window) in [
+        ("rate", rules.rate.max > 0, rules.rate.window_seconds),
+        ("budget", rules.budget.max > 0, rules.budget.window_seconds),
+        (
+            "similar",
+            rules.similar.threshold > 0.0,
+            rules.similar.window_seconds,
+        ),
+    ] {
+        if on && window == 0 {
+            let limit = if rule == "similar" {
+                "threshold"
+            } else {
+                "max"
+            };
+            return Err(invalid(
+                format!("{key}.{rule}.window_seconds"),
+                format!("must be at least 1 while {key}.{rule}.{limit} is above 0 (set {limit} = 0 to turn the rule off)"),
+            ));
+        }
+    }
     if rules.budget.max as usize > crate::state::MAX_BUDGET_WINDOW {
         return Err(invalid(
             format!("{key}.budget.max"),
@@ -1266,6 +1289,33 @@ mod tests {
         assert!(error_of("[nats]\nurl = \" , \"\n", &[]).contains("nats.url"));
         assert!(error_of("[log]\nlevel = \"loud=[\"\n", &[]).contains("log.level"));
         assert!(error_of("[log]\nformat = \"xml\"\n", &[]).contains("xml"));
+    }
+
+    #[test]
+    fn a_rule_that_is_on_needs_a_window() {
+        let e = error_of("[rules.rate]\nwindow_seconds = 0\n", &[]);
+        assert!(e.contains("rules.rate.window_seconds"), "{e}");
+        assert!(e.contains("rules.rate.max"), "{e}");
+        let e = error_of(
+            "[worlds.a]\nrules.budget.max = 5\nrules.budget.window_seconds = 0\n",
+            &[],
+        );
+        assert!(e.contains("worlds.a.rules.budget.window_seconds"), "{e}");
+        let e = error_of(
+            "[rules.similar]\nthreshold = 0.6\nwindow_seconds = 0\n",
+            &[],
+        );
+        assert!(e.contains("rules.similar.window_seconds"), "{e}");
+        // Off by its limit, a window of 0 is fine; the duplicate window is
+        // that rule's limit.
+        for off in [
+            "[rules.rate]\nmax = 0\nwindow_seconds = 0\n",
+            "[rules.budget]\nwindow_seconds = 0\n",
+            "[rules.similar]\nwindow_seconds = 0\n",
+            "[rules.duplicate]\nwindow_seconds = 0\n",
+        ] {
+            load_toml(off, &[]).unwrap_or_else(|e| panic!("{off}: {e}"));
+        }
     }
 
     #[test]

@@ -6,7 +6,6 @@ use crate::config::Config;
 use crate::json;
 use crate::judge::{Decision, Outbound};
 use crate::metrics::{Metrics, Outcome};
-use crate::routing::Visibility;
 use crate::rules::RuleName;
 use crate::subject::{SenderKind, Subjects};
 
@@ -42,14 +41,8 @@ pub fn report(
     if let Some(rule) = d.would_reject {
         metrics.would_suppress(rule);
     }
-    let private = d
-        .delivered_to
-        .iter()
-        .filter(|t| t.starts_with("private."))
-        .count();
-    let notices = usize::from(d.handoff == Some(crate::metrics::Handoff::TurnLimit));
-    metrics.deliveries(Visibility::Public, d.delivered_to.len() - private + notices);
-    metrics.deliveries(Visibility::Private, private);
+    // Deliveries are counted as the copies are published (publish.rs): a
+    // copy that could not be published is a drop, not a delivery.
 
     let world_name = d.world.as_ref()?;
     let plain_approval = d.outcome == Outcome::Approved && d.would_reject.is_none();
@@ -77,5 +70,6 @@ pub fn report(
         subject: subjects.events(world_name),
         msg_id: None,
         payload: event.finish(),
+        delivery: None,
     })
 }

@@ -43,6 +43,10 @@ pub struct Outbound {
     /// `Nats-Msg-Id` header: unique per copy, stable across reprocessing.
     pub msg_id: Option<String>,
     pub payload: Bytes,
+    /// Where `loopguard_deliveries_total` counts the copy once it is
+    /// published (contract §3): the transcript (notices included) or an
+    /// inbox. `None` for events and policy requests.
+    pub delivery: Option<Visibility>,
 }
 
 /// Everything decided about one ingress message.
@@ -707,6 +711,7 @@ impl Judge {
                 subject: self.subjects.public(world),
                 payload: body.to_json(),
                 msg_id: Some(notice_id),
+                delivery: Some(Visibility::Public),
             });
         }
     }
@@ -752,6 +757,7 @@ impl Judge {
                 subject: self.subjects.public(world),
                 msg_id: Some(copy_id(key, "public")),
                 payload: body.clone(),
+                delivery: Some(Visibility::Public),
             });
             d.delivered_to.push(Cow::Borrowed("public"));
         }
@@ -763,6 +769,7 @@ impl Judge {
                 subject: self.subjects.private(world, agent),
                 msg_id: Some(copy_id(key, &dest)),
                 payload: body.clone(),
+                delivery: Some(Visibility::Private),
             });
             d.delivered_to.push(Cow::Owned(dest));
         }

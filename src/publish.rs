@@ -89,6 +89,7 @@ impl Publisher {
     /// and returned; the caller goes on with the next message.
     pub async fn send(&self, out: Outbound) -> Result<(), async_nats::PublishError> {
         debug_assert_safe(&out.subject);
+        let delivery = out.delivery;
         let result = match out.msg_id {
             Some(id) => {
                 let mut headers = HeaderMap::new();
@@ -99,8 +100,10 @@ impl Publisher {
             }
             None => self.client.publish(out.subject, out.payload).await,
         };
-        if let Err(e) = &result {
-            self.metrics.dropped(DropReason::PublishError, e);
+        match (&result, delivery) {
+            (Err(e), _) => self.metrics.dropped(DropReason::PublishError, e),
+            (Ok(()), Some(to)) => self.metrics.deliveries(to, 1),
+            (Ok(()), None) => {}
         }
         result
     }
@@ -114,13 +117,14 @@ impl Publisher {
     pub async fn send_answered(&self, out: Outbound) -> Option<Answer> {
         debug_assert_safe(&out.subject);
         let jetstream = &self.answered.as_ref()?.jetstream;
+        let delivery = out.delivery;
         let mut publish =
             async_nats::jetstream::message::PublishMessage::build().payload(out.payload);
         if let Some(id) = out.msg_id {
             publish = publish.message_id(id);
         }
         match jetstream.send_publish(out.subject, publish).await {
-            Ok(answer) => Some(Answer::Awaited(answer)),
+            Ok(answer) => Some(Answer::Awaited(answer, delivery)),
             Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
                 self.metrics.dropped(DropReason::PublishError, &e);
                 Some(Answer::Done)
@@ -133,16 +137,21 @@ impl Publisher {
     }
 
     /// Waits for the stream's answer to one output: true once it is settled
-    /// (stored, or refused, which is counted as a publish error), false when
-    /// no stream answered (timed out, the connection went, or "no
-    /// responders": the stream is not there now), so the input must be
-    /// redelivered.
+    /// (stored, and counted as a delivery, or refused, which is counted as a
+    /// publish error), false when no stream answered (timed out, the
+    /// connection went, or "no responders": the stream is not there now), so
+    /// the input must be redelivered.
     pub async fn settled(&self, answer: Answer) -> bool {
-        let Answer::Awaited(answer) = answer else {
+        let Answer::Awaited(answer, delivery) = answer else {
             return true;
         };
         match answer.await {
-            Ok(_) => true,
+            Ok(_) => {
+                if let Some(to) = delivery {
+                    self.metrics.deliveries(to, 1);
+                }
+                true
+            }
             Err(e) if refused(&e) => {
                 self.metrics.dropped(DropReason::PublishError, &e);
                 true
@@ -213,7 +222,8 @@ impl Publisher {
 /// The server's answer to one JetStream publish, still to come or already
 /// known.
 pub enum Answer {
-    Awaited(PublishAckFuture),
+    /// The answer, and where the copy counts as a delivery once stored.
+    Awaited(PublishAckFuture, Option<crate::routing::Visibility>),
     Done,
 }
 

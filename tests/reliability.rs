@@ -405,6 +405,12 @@ async fn copies_a_full_egress_stream_refuses_are_counted_not_redelivered() {
     // and counted again.
     let refused = scrape.get("loopguard_dropped_total", &[("reason", "publish_error")]);
     assert!(refused >= (N - ROOM) as f64, "{refused}\n{}", lg.logs());
+    // A delivery is a copy the stream stored (again, after a redelivery).
+    let delivered = scrape.get("loopguard_deliveries_total", &[("visibility", "public")]);
+    assert!(
+        (ROOM as f64..N as f64).contains(&delivered),
+        "{delivered} deliveries for {ROOM} copies stored"
+    );
 }
 
 /// A stream that captures only part of an egress family cannot answer
