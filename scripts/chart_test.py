@@ -150,7 +150,9 @@ def main():
             fail(f"{name}: rendered TOML rejected by loopguard --check: {p.stderr}\n{toml}")
         ok(f"{name}: ConfigMap TOML passes loopguard --check")
     full_toml = by_kind(rendered["full"][1], "ConfigMap")["data"]["loopguard.toml"]
-    for expected in ['[worlds."lobby"]', 'agents = ["alice", "bob"]', "rules.turns.max = 10", 'prefix = "acme.chat"', 'mode = "observe"']:
+    for expected in ['[worlds."lobby"]', 'agents = ["alice", "bob"]', "rules.turns.max = 10", 'prefix = "acme.chat"', 'mode = "observe"',
+                     "threshold = 0.6", "max_worlds = 50000", "subscription_capacity = 131072",
+                     "[nats.jetstream]", "enabled = true", "ack_wait_seconds = 60", "egress_acks = true"]:
         if expected not in full_toml:
             fail(f"full values: {expected!r} missing from the TOML:\n{full_toml}")
     if "change-me" in full_toml or "secret-password" in full_toml:
@@ -160,7 +162,9 @@ def main():
             fail(f"full values: TLS setting {expected!r} missing:\n{full_toml}")
 
     # 4. the schema refuses wrong types and unknown keys
-    for bad in ["config.rules.turns.max=lots", "config.colour=blue", "config.mode=loud", "replicaCount=-1", "config.worlds.bad\\.name.agents={x}"]:
+    for bad in ["config.rules.turns.max=lots", "config.colour=blue", "config.mode=loud", "replicaCount=-1", "replicaCount=2",
+                "config.worlds.bad\\.name.agents={x}", "config.state.context_messages=300", "config.rules.policy.timeout_ms=20000",
+                "config.nats.jetstream.retention=forever", "updateStrategy.type=Sometimes"]:
         p = helm("template", "lg", CHART, "--set", bad, expect_ok=False)
         if p.returncode == 0:
             fail(f"the schema accepted --set {bad}")
@@ -179,6 +183,9 @@ def main():
     monitor = by_kind(rendered["full"][1], "ServiceMonitor")
     if monitor["spec"]["endpoints"][0]["port"] != "http" or monitor["spec"]["endpoints"][0]["path"] != "/metrics":
         fail(f"ServiceMonitor does not scrape http /metrics: {monitor['spec']}")
+    # The alerts read job="loopguard"; the full values rename the release.
+    if {"targetLabel": "job", "replacement": "loopguard"} not in monitor["spec"]["endpoints"][0].get("relabelings", []):
+        fail(f"ServiceMonitor does not set job=\"loopguard\": {monitor['spec']}")
     ok("PrometheusRule is alerts.yml and passes promtool; ServiceMonitor scrapes /metrics")
 
     # 6. the Deployment's operational settings
@@ -203,15 +210,25 @@ def main():
             fail(f"{name}: no resource requests")
         if "checksum/config" not in pod["metadata"]["annotations"]:
             fail(f"{name}: no checksum/config annotation")
+        if dep["spec"]["strategy"]["type"] != "Recreate":
+            fail(f"{name}: update strategy {dep['spec']['strategy']}, expected Recreate")
     base = by_kind(rendered["default"][1], "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     changed = docs(helm("template", "lg", CHART, "--set", "config.rules.turns.max=5").stdout)
     moved = by_kind(changed, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     if base == moved:
         fail("the config checksum did not change with the config")
+    # Secrets are read at start: a new one must roll the pods too.
+    secret_sum = lambda *sets: by_kind(docs(helm("template", "lg", CHART, *[a for s in sets for a in ("--set", s)]).stdout), "Deployment")["spec"]["template"]["metadata"]["annotations"].get("checksum/secret")
+    before, after = secret_sum("auth.natsPassword=a", "auth.natsUser=u"), secret_sum("auth.natsPassword=b", "auth.natsUser=u")
+    if not before or before == after:
+        fail(f"the secret checksum did not change with the secret: {before} {after}")
+    notes = helm("install", "lg", CHART, "--dry-run", "--set", "config.nats.url=nats://u:hunter2@nats:4222").stdout
+    if "hunter2" in notes.split("NOTES:")[-1]:
+        fail("the install notes show the password of the NATS URL")
     env = {e["name"]: e for e in by_kind(rendered["full"][1], "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     if set(env) != {"LOOPGUARD__HTTP__ADMIN_TOKEN", "LOOPGUARD__NATS__USER", "LOOPGUARD__NATS__PASSWORD", "LOOPGUARD__NATS__TOKEN"}:
         fail(f"secrets are not passed as LOOPGUARD__ variables: {sorted(env)}")
-    ok("Deployment: labels, probes, restricted securityContext, grace period, resources, rolling checksum, secrets via env")
+    ok("Deployment: labels, probes, restricted securityContext, grace period, resources, Recreate, config and secret checksums, secrets via env; notes hide URL passwords")
     print("chart tests: all passed")
 
 

@@ -204,6 +204,12 @@ impl Metrics {
             "Messages lost or outputs not sent, by reason (a lower bound for slow consumers).",
             &["reason"],
         );
+        // Every reason from zero, like the other counters: a series born at
+        // its first drop would start at that burst's count, and `rate()`,
+        // the alert's, would not see the burst.
+        for reason in DropReason::ALL {
+            dropped.with_label_values(&[reason.as_str()]);
+        }
         let by_state_vec = prometheus::IntGaugeVec::new(
             Opts::new(
                 "loopguard_worlds_by_state",

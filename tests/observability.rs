@@ -72,6 +72,13 @@ async fn a_scenario_moves_every_counter_by_exactly_what_happened() {
         delta("loopguard_decision_duration_seconds_count", &[]),
         11.0
     );
+    // Every drop reason is exported from zero, so that `rate()` (the
+    // LoopguardDroppingMessages alert) sees the first burst of drops.
+    assert_eq!(
+        after.all("loopguard_dropped_total").len(),
+        4,
+        "slow_consumer, server_slow_consumer, client_error, publish_error"
+    );
     assert!(after.get("loopguard_worlds", &[]) >= 1.0);
     assert_eq!(after.get("loopguard_nats_connected", &[]), 1.0);
     assert_eq!(after.get("loopguard_ready", &[]), 1.0);

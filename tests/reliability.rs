@@ -515,3 +515,38 @@ async fn an_existing_stream_that_misses_the_subjects_stops_start_up_with_a_clear
         "{logs}"
     );
 }
+
+/// A consumer that exists keeps the settings it was created with; loopguard
+/// says so rather than run with settings other than its configuration's.
+#[tokio::test]
+async fn an_existing_consumer_with_other_settings_is_named_in_a_warning() {
+    let nats = NatsServer::start_jetstream();
+    let (_, js) = connect(&nats).await;
+    create_stream(
+        &js,
+        stream::Config {
+            name: "LOOPGUARD_INGEST".into(),
+            subjects: vec!["chat.raw.>".into(), "chat.join.>".into()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            ..Default::default()
+        },
+    )
+    .await;
+    let stream = within("get stream", js.get_stream("LOOPGUARD_INGEST"))
+        .await
+        .expect("stream");
+    within(
+        "create consumer",
+        stream.create_consumer(jetstream::consumer::pull::Config {
+            durable_name: Some("loopguard".into()),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(30),
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("consumer");
+    let lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
+    until_ready(&lg).await;
+    lg.until_logged("keeps its own ack_wait", 1).await;
+}

@@ -27,8 +27,10 @@ pub enum JetStreamError {
     /// Misconfiguration: retrying will not help.
     #[error("stream {stream} exists but does not capture {missing}; add the subject or choose another nats.jetstream.stream")]
     Subjects { stream: String, missing: String },
-    /// The server is not reachable or not ready: worth retrying.
-    #[error("JetStream is not available yet: {0}")]
+    /// The server refused or did not answer (not reachable, JetStream off,
+    /// not enough servers for the replicas, not permitted): retried, as an
+    /// operator may fix it; the log line gives the server's reason.
+    #[error("JetStream set-up: {0}")]
     Unavailable(String),
 }
 
@@ -118,6 +120,19 @@ pub async fn consumer(
         )
         .await
         .map_err(|e| unavailable(&e))?;
+    // An existing consumer keeps the settings it was created with.
+    let held = &consumer.cached_info().config;
+    let ack_wait = Duration::from_secs(config.ack_wait_seconds);
+    if held.ack_wait != ack_wait
+        || held.max_ack_pending != i64::try_from(config.max_ack_pending).unwrap_or(i64::MAX)
+    {
+        tracing::warn!(
+            consumer = %config.consumer,
+            ack_wait_seconds = held.ack_wait.as_secs(),
+            max_ack_pending = held.max_ack_pending,
+            "the existing consumer keeps its own ack_wait and max_ack_pending, not nats.jetstream's; delete it (nats consumer rm) to apply them"
+        );
+    }
     tracing::info!(stream = %config.stream, consumer = %config.consumer, "JetStream consumer ready");
     consumer.messages().await.map_err(|e| unavailable(&e))
 }

@@ -47,10 +47,13 @@ app.kubernetes.io/component: loop-guard
 {{- end }}
 {{- end }}
 
-{{/* A TOML value: strings quoted (Go escapes are valid TOML escapes), the rest as is. */}}
+{{/* A TOML value: strings quoted (Go escapes are valid TOML escapes), whole
+numbers as integers (YAML numbers reach templates as float64, which would print
+100000 as 1e+06), fractions (similar.threshold) as they are, the rest as is. */}}
 {{- define "loopguard.toml" -}}
 {{- if kindIs "string" . }}{{ . | quote }}
 {{- else if kindIs "slice" . }}[{{ range $i, $v := . }}{{ if $i }}, {{ end }}{{ include "loopguard.toml" $v }}{{ end }}]
+{{- else if and (kindIs "float64" .) (ne (float64 .) (float64 (int64 .))) }}{{ . }}
 {{- else if or (kindIs "float64" .) (kindIs "int" .) (kindIs "int64" .) }}{{ int64 . }}
 {{- else }}{{ . }}
 {{- end }}
@@ -69,6 +72,13 @@ prefix = {{ include "loopguard.toml" $c.nats.prefix }}
 subscription_capacity = {{ include "loopguard.toml" $c.nats.subscription_capacity }}
 {{- with .Values.auth.credentialsSecret }}
 credentials_file = "/etc/loopguard/nats/nats.creds"
+{{- end }}
+{{- with $c.nats.jetstream }}
+
+[nats.jetstream]
+{{- range $k, $v := . }}
+{{ $k }} = {{ include "loopguard.toml" $v }}
+{{- end }}
 {{- end }}
 {{- if .Values.auth.tlsSecret }}
 
