@@ -5,7 +5,7 @@
 //! Every struct denies unknown fields, so a typo stops start-up with a message
 //! naming the key instead of being silently ignored.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -875,7 +875,7 @@ impl Config {
         path: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Settings, ConfigError> {
-        let overrides = env_overrides(env)?;
+        let (overrides, lists) = env_overrides(env)?;
         let mut builder =
             config::Config::builder().add_source(config::Config::try_from(&Config::default())?);
         if let Some(path) = path {
@@ -896,6 +896,9 @@ impl Config {
                 .separator("__")
                 .source(Some(overrides.into_iter().collect())),
         );
+        for (key, items) in lists {
+            builder = builder.set_override(key, items)?;
+        }
         let config: Config = builder.build()?.try_deserialize()?;
         config.validate()
     }
@@ -1106,16 +1109,31 @@ fn merge_json(base: &mut serde_json::Value, patch: &serde_json::Value) {
     }
 }
 
-/// Keeps the `LOOPGUARD__…` variables, refusing any that names no key: the
-/// `config` crate would otherwise report the key without the variable, or
-/// (for per-world sections) accept what the contract forbids.
+/// The `LOOPGUARD__…` variables: those of single values, for the `config`
+/// crate's environment source, and those of lists (their key and items),
+/// which take a JSON array of strings. Refuses any variable that names no
+/// key (the `config` crate would otherwise report the key without the
+/// variable, or, for per-world sections, accept what the contract forbids),
+/// and `LOOPGUARD_X__Y`, a likely typo of `LOOPGUARD__X__Y` that would
+/// otherwise be ignored.
+type EnvOverrides = (Vec<(String, String)>, Vec<(String, Vec<String>)>);
+
 fn env_overrides(
     env: impl IntoIterator<Item = (String, String)>,
-) -> Result<Vec<(String, String)>, ConfigError> {
+) -> Result<EnvOverrides, ConfigError> {
     let known = leaf_keys();
-    let mut kept = Vec::new();
+    let (mut kept, mut lists) = (Vec::new(), Vec::new());
     for (var, value) in env {
         let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
+            if var.starts_with("LOOPGUARD_") && var.contains("__") {
+                return Err(ConfigError::Env {
+                    message: format!(
+                        "settings take two underscores after LOOPGUARD, as in {}",
+                        var.replacen("LOOPGUARD_", ENV_PREFIX, 1)
+                    ),
+                    var,
+                });
+            }
             continue;
         };
         let key = rest.to_ascii_lowercase().replace("__", ".");
@@ -1127,20 +1145,39 @@ fn env_overrides(
                         .into(),
             });
         }
-        if !known.contains(&key) {
-            return Err(ConfigError::Env {
-                var,
-                message: format!("no config key `{key}`"),
-            });
+        match known.get(&key) {
+            None => {
+                return Err(ConfigError::Env {
+                    var,
+                    message: format!("no config key `{key}`"),
+                })
+            }
+            Some(Leaf::List) => match serde_json::from_str::<Vec<String>>(&value) {
+                Ok(items) => lists.push((key, items)),
+                Err(_) => {
+                    return Err(ConfigError::Env {
+                        var,
+                        message: format!(
+                            "`{key}` is a list: a JSON array of strings, e.g. [\"one\", \"two\"]"
+                        ),
+                    })
+                }
+            },
+            Some(Leaf::Value) => kept.push((var, value)),
         }
-        kept.push((var, value));
     }
-    Ok(kept)
+    Ok((kept, lists))
+}
+
+/// What a config key holds.
+enum Leaf {
+    Value,
+    List,
 }
 
 /// Dotted names of every scalar key, taken from the defaults.
-fn leaf_keys() -> BTreeSet<String> {
-    fn walk(prefix: &str, value: &serde_json::Value, out: &mut BTreeSet<String>) {
+fn leaf_keys() -> BTreeMap<String, Leaf> {
+    fn walk(prefix: &str, value: &serde_json::Value, out: &mut BTreeMap<String, Leaf>) {
         match value {
             serde_json::Value::Object(map) => {
                 for (k, v) in map {
@@ -1152,12 +1189,15 @@ fn leaf_keys() -> BTreeSet<String> {
                     walk(&path, v, out);
                 }
             }
+            serde_json::Value::Array(_) => {
+                out.insert(prefix.to_string(), Leaf::List);
+            }
             _ => {
-                out.insert(prefix.to_string());
+                out.insert(prefix.to_string(), Leaf::Value);
             }
         }
     }
-    let mut out = BTreeSet::new();
+    let mut out = BTreeMap::new();
     if let Ok(defaults) = serde_json::to_value(Config::default()) {
         walk("", &defaults, &mut out);
     }
@@ -1326,6 +1366,36 @@ mod tests {
         assert!(e.contains("per-world"), "{e}");
         let e = error_of("", &[("LOOPGUARD__RULES__TURNS__MAX", "many")]);
         assert!(e.contains("max"), "{e}");
+        // One underscore after the prefix would otherwise be ignored.
+        let e = error_of("", &[("LOOPGUARD_NATS__URL", "nats://x:4222")]);
+        assert!(e.contains("LOOPGUARD__NATS__URL"), "{e}");
+        assert!(load_toml("", &[("LOOPGUARD_CONFIG_DIR", "x")]).is_ok());
+    }
+
+    #[test]
+    fn list_keys_take_a_json_array_from_the_environment() {
+        let phrases = r#"["we are done", "over, and out"]"#;
+        let s = load_toml(
+            "",
+            &[
+                ("LOOPGUARD__CONVERSATION__CONCLUSION_PHRASES", phrases),
+                ("LOOPGUARD__RULES__LOW_CONTENT__PHRASES", "[]"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            s.config.conversation.conclusion_phrases,
+            ["we are done", "over, and out"]
+        );
+        assert!(s.config.rules.low_content.phrases.is_empty());
+        let e = error_of(
+            "",
+            &[("LOOPGUARD__RULES__LOW_CONTENT__PHRASES", "ok, fine")],
+        );
+        assert!(
+            e.contains("LOOPGUARD__RULES__LOW_CONTENT__PHRASES") && e.contains("JSON array"),
+            "{e}"
+        );
     }
 
     #[test]
