@@ -1109,6 +1109,9 @@ fn merge_json(base: &mut serde_json::Value, patch: &serde_json::Value) {
     }
 }
 
+/// Single values (variable, value) and lists (key, items).
+type EnvOverrides = (Vec<(String, String)>, Vec<(String, Vec<String>)>);
+
 /// The `LOOPGUARD__…` variables: those of single values, for the `config`
 /// crate's environment source, and those of lists (their key and items),
 /// which take a JSON array of strings. Refuses any variable that names no
@@ -1116,8 +1119,6 @@ fn merge_json(base: &mut serde_json::Value, patch: &serde_json::Value) {
 /// variable, or, for per-world sections, accept what the contract forbids),
 /// and `LOOPGUARD_X__Y`, a likely typo of `LOOPGUARD__X__Y` that would
 /// otherwise be ignored.
-type EnvOverrides = (Vec<(String, String)>, Vec<(String, Vec<String>)>);
-
 fn env_overrides(
     env: impl IntoIterator<Item = (String, String)>,
 ) -> Result<EnvOverrides, ConfigError> {

@@ -1,6 +1,10 @@
 //! Decision events (contract §4) and the one place a decision is reported:
-//! [`report`] writes the log line, counts the metrics and serialises the
-//! event, so the three can never disagree.
+//! [`report`] writes the log line, counts the decision's metrics and
+//! serialises the event, so the three can never disagree. What happens to
+//! the copies afterwards is counted where they are published (publish.rs):
+//! `loopguard_deliveries_total` for each copy sent, `loopguard_dropped_total`
+//! for each that could not be, which the event's `delivered_to` (the
+//! decision) cannot know.
 
 use crate::config::Config;
 use crate::json;

@@ -5,7 +5,7 @@
 mod support;
 
 use serde_json::json;
-use support::{msg, within, Harness, NatsServer};
+use support::{hpub, msg, publish_raw, Harness, NatsServer};
 
 const SMALL: &str = "[limits]\nmax_payload_bytes = 1024\n[rules.duplicate]\nwindow_seconds = 0\n";
 
@@ -220,47 +220,6 @@ async fn a_burst_of_garbage_leaves_valid_traffic_untouched() {
     assert!(h.loopguard.is_running());
 }
 
-/// Publishes `ops` (NATS protocol lines, as bytes) from a raw connection, as
-/// a client written in any language may: nats-server passes on a subject
-/// that is not UTF-8, and a header block it does not read.
-async fn publish_raw(url: &str, ops: &[u8]) {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-    let addr = url.trim_start_matches("nats://");
-    let stream = within("raw connect", tokio::net::TcpStream::connect(addr))
-        .await
-        .expect("raw connection");
-    let mut stream = BufReader::new(stream);
-    let mut line = String::new();
-    within("INFO", stream.read_line(&mut line))
-        .await
-        .expect("INFO");
-    let mut out = b"CONNECT {\"verbose\":false,\"pedantic\":false,\"headers\":true}\r\n".to_vec();
-    out.extend_from_slice(ops);
-    out.extend_from_slice(b"PING\r\n");
-    within("raw publish", stream.get_mut().write_all(&out))
-        .await
-        .expect("raw publish");
-    line.clear();
-    within("PONG", stream.read_line(&mut line))
-        .await
-        .expect("PONG");
-    assert_eq!(line, "PONG\r\n", "the server took the publishes");
-}
-
-/// An HPUB of `payload` with the header block `headers`.
-fn hpub(subject: &str, headers: &[u8], payload: &[u8]) -> Vec<u8> {
-    let mut op = format!(
-        "HPUB {subject} {} {}\r\n",
-        headers.len(),
-        headers.len() + payload.len()
-    )
-    .into_bytes();
-    op.extend_from_slice(headers);
-    op.extend_from_slice(payload);
-    op.extend_from_slice(b"\r\n");
-    op
-}
-
 #[tokio::test]
 async fn subjects_and_headers_that_are_not_utf8_cost_loopguard_nothing() {
     let mut h = Harness::start(SMALL).await;
@@ -274,12 +233,32 @@ async fn subjects_and_headers_that_are_not_utf8_cost_loopguard_nothing() {
     publish_raw(&h.nats.url(), &ops).await;
     let out = h.settle("w").await;
     assert_rejected(&out, "w", "invalid");
+    // A Unicode space inside a subject (nats-server splits on ASCII ones):
+    // the name is invalid, and the line still parses.
+    let op = hpub(
+        "chat.raw.w.agent.a\u{a0}b",
+        b"NATS/1.0\r\n\r\n",
+        hi.as_bytes(),
+    );
+    publish_raw(&h.nats.url(), &op).await;
+    let out = h.settle("w").await;
+    assert_rejected(&out, "w", "invalid");
 
-    // Header blocks the NATS client could not read: the message is judged
-    // on its payload, as if it had no headers.
+    // A header value that is not UTF-8 is read with U+FFFD in its place
+    // (here the message's id, as the JSON has none).
+    let op = hpub(
+        "chat.raw.w.human.hank",
+        b"NATS/1.0\r\nNats-Msg-Id: x\xff\xfe\r\n\r\n",
+        msg("no id of its own").to_string().as_bytes(),
+    );
+    publish_raw(&h.nats.url(), &op).await;
+    let out = h.settle("w").await;
+    assert_eq!(out.public("w")[0].str("id"), "x\u{fffd}\u{fffd}");
+
+    // Header blocks the NATS client cannot parse: the message is judged on
+    // its payload, as if it had no headers.
     for (i, headers) in [
-        &b"NATS/1.0\r\nNats-Msg-Id: x\xff\xfe\r\n\r\n"[..],
-        b"NATS/1.0\r\nno colon here\r\n\r\n",
+        &b"NATS/1.0\r\nno colon here\r\n\r\n"[..],
         b"HTTP/1.1\r\nX: y\r\n\r\n",
         b"NATS/1.0 abc\r\nX: y\r\n\r\n",
     ]

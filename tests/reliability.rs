@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, stream};
 use futures::StreamExt;
 use serde_json::json;
-use support::{http, within, Loopguard, NatsServer};
+use support::{hpub, http, publish_raw, within, Loopguard, NatsServer};
 
 /// JetStream on, every loop rule off: every message is approved in any run,
 /// so "every approved message" is every message. Copies are confirmed by a
@@ -549,4 +549,39 @@ async fn an_existing_consumer_with_other_settings_is_named_in_a_warning() {
     let lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
     until_ready(&lg).await;
     lg.until_logged("keeps its own ack_wait", 1).await;
+}
+
+/// A publisher may write a status line into its header block (`NATS/1.0
+/// 408 Request Timeout`); nats-server stores it with the message. The pull
+/// consumer used to take such a message for a heartbeat or the end of a
+/// pull: it was never judged nor acknowledged, and came back after every
+/// ack wait. Each is now judged like any other.
+#[tokio::test]
+async fn a_status_line_a_publisher_wrote_does_not_stall_its_message() {
+    let nats = NatsServer::start_jetstream();
+    let (_, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    let lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
+    until_ready(&lg).await;
+    let statuses = [
+        "100 Idle Heartbeat",
+        "404 No Messages",
+        "408 Request Timeout",
+        "409 Exceeded MaxWaiting",
+    ];
+    let mut ops = Vec::new();
+    for (i, status) in statuses.iter().enumerate() {
+        let body = json!({"content": format!("status {i}"), "id": format!("s{i}")});
+        let headers = format!("NATS/1.0 {status}\r\n\r\n");
+        ops.extend(hpub(
+            &format!("chat.raw.w{i}.human.hank"),
+            headers.as_bytes(),
+            body.to_string().as_bytes(),
+        ));
+    }
+    publish_raw(&nats.url(), &ops).await;
+    until_stream_holds(&js, "EGRESS", statuses.len() as u64, &lg).await;
+    until_ingest_acknowledged(&js, &lg).await;
+    // The consumer is loopguard's own: no warning about its settings.
+    assert!(!lg.logs().contains("keeps its own"), "{}", lg.logs());
 }

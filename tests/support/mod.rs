@@ -675,3 +675,44 @@ impl Scrape {
             .collect()
     }
 }
+
+/// Publishes `ops` (NATS protocol lines, as bytes) from a raw connection, as
+/// a client written in any language may: nats-server passes on a subject
+/// that is not UTF-8, and a header block it does not read.
+pub async fn publish_raw(url: &str, ops: &[u8]) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let addr = url.trim_start_matches("nats://");
+    let stream = within("raw connect", tokio::net::TcpStream::connect(addr))
+        .await
+        .expect("raw connection");
+    let mut stream = BufReader::new(stream);
+    let mut line = String::new();
+    within("INFO", stream.read_line(&mut line))
+        .await
+        .expect("INFO");
+    let mut out = b"CONNECT {\"verbose\":false,\"pedantic\":false,\"headers\":true}\r\n".to_vec();
+    out.extend_from_slice(ops);
+    out.extend_from_slice(b"PING\r\n");
+    within("raw publish", stream.get_mut().write_all(&out))
+        .await
+        .expect("raw publish");
+    line.clear();
+    within("PONG", stream.read_line(&mut line))
+        .await
+        .expect("PONG");
+    assert_eq!(line, "PONG\r\n", "the server took the publishes");
+}
+
+/// An HPUB of `payload` with the header block `headers`.
+pub fn hpub(subject: &str, headers: &[u8], payload: &[u8]) -> Vec<u8> {
+    let mut op = format!(
+        "HPUB {subject} {} {}\r\n",
+        headers.len(),
+        headers.len() + payload.len()
+    )
+    .into_bytes();
+    op.extend_from_slice(headers);
+    op.extend_from_slice(payload);
+    op.extend_from_slice(b"\r\n");
+    op
+}
