@@ -161,6 +161,23 @@ def main():
         if expected not in full_toml:
             fail(f"full values: TLS setting {expected!r} missing:\n{full_toml}")
 
+    # 3b. control characters in a string are escaped as TOML reads them
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write('config:\n  conversation:\n    conclusion_phrases: ["bell \\a tab \\t esc \\e quote \\" <end>"]\n')
+    odd = by_kind(docs(helm("template", "lg", CHART, "-f", f.name).stdout), "ConfigMap")["data"]["loopguard.toml"]
+    os.unlink(f.name)
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write(odd)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPGUARD")}
+    p = run([LOOPGUARD, "--check", "--config", f.name], expect_ok=False, env=env)
+    os.unlink(f.name)
+    if p.returncode != 0:
+        fail(f"a phrase with control characters made TOML loopguard refuses: {p.stderr}\n{odd}")
+    import tomllib
+    if tomllib.loads(odd)["conversation"]["conclusion_phrases"] != ['bell \a tab \t esc \x1b quote " <end>']:
+        fail(f"a phrase with control characters changed on its way to the TOML:\n{odd}")
+    ok("strings with control characters reach the TOML unchanged")
+
     # 4. the schema refuses wrong types and unknown keys
     for bad in ["config.rules.turns.max=lots", "config.colour=blue", "config.mode=loud", "replicaCount=-1", "replicaCount=2",
                 "config.worlds.bad\\.name.agents={x}", "config.state.context_messages=300", "config.rules.policy.timeout_ms=20000",

@@ -47,11 +47,12 @@ app.kubernetes.io/component: loop-guard
 {{- end }}
 {{- end }}
 
-{{/* A TOML value: strings quoted (Go escapes are valid TOML escapes), whole
+{{/* A TOML value: strings as JSON strings (whose escapes are all TOML's; Go's
+`quote` writes \a, \v and \x.. for control characters, which TOML refuses), whole
 numbers as integers (YAML numbers reach templates as float64, which would print
 100000 as 1e+06), fractions (similar.threshold) as they are, the rest as is. */}}
 {{- define "loopguard.toml" -}}
-{{- if kindIs "string" . }}{{ . | quote }}
+{{- if kindIs "string" . }}{{ . | toJson }}
 {{- else if kindIs "slice" . }}[{{ range $i, $v := . }}{{ if $i }}, {{ end }}{{ include "loopguard.toml" $v }}{{ end }}]
 {{- else if and (kindIs "float64" .) (ne (float64 .) (float64 (int64 .))) }}{{ . }}
 {{- else if or (kindIs "float64" .) (kindIs "int" .) (kindIs "int64" .) }}{{ int64 . }}
