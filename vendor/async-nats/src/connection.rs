@@ -761,7 +761,17 @@ fn lossy_line(line: &[u8]) -> String {
 fn parse_headers(
     header: &[u8],
 ) -> io::Result<(HeaderMap, Option<StatusCode>, Option<String>)> {
-    let text = String::from_utf8_lossy(header);
+    // `from_utf8` first: it checks ASCII a word at a time, where
+    // `from_utf8_lossy` goes a byte at a time (measured: about a tenth more
+    // of a subscriber's CPU a message with it alone).
+    let lossy;
+    let text = match str::from_utf8(header) {
+        Ok(text) => text,
+        Err(_) => {
+            lossy = lossy_line(header);
+            lossy.as_str()
+        }
+    };
     let mut lines = text.lines().peekable();
     let version_line = lines.next().ok_or_else(|| {
         io::Error::new(io::ErrorKind::InvalidInput, "no header version line found")
