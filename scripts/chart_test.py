@@ -98,6 +98,17 @@ def render(name, *values):
     return path, docs(text)
 
 
+def loopguard_check(toml):
+    """Runs `loopguard --check` on a TOML text (with no LOOPGUARD_ variables
+    from this environment); returns the finished process."""
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write(toml)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPGUARD")}
+    p = run([LOOPGUARD, "--check", "--config", f.name], expect_ok=False, env=env)
+    os.unlink(f.name)
+    return p
+
+
 def by_kind(manifests, kind):
     found = [m for m in manifests if m["kind"] == kind]
     if not found:
@@ -141,11 +152,7 @@ def main():
         for f_name in ["ca.crt", "tls.crt", "tls.key"]:
             open(os.path.join(stand_ins, f_name), "w").close()
         toml = toml.replace("/etc/loopguard/tls/", stand_ins + "/")
-        with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
-            f.write(toml)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPGUARD")}
-        p = run([LOOPGUARD, "--check", "--config", f.name], expect_ok=False, env=env)
-        os.unlink(f.name)
+        p = loopguard_check(toml)
         if p.returncode != 0:
             fail(f"{name}: rendered TOML rejected by loopguard --check: {p.stderr}\n{toml}")
         ok(f"{name}: ConfigMap TOML passes loopguard --check")
@@ -166,11 +173,7 @@ def main():
         f.write('config:\n  conversation:\n    conclusion_phrases: ["bell \\a tab \\t esc \\e quote \\" <end>"]\n')
     odd = by_kind(docs(helm("template", "lg", CHART, "-f", f.name).stdout), "ConfigMap")["data"]["loopguard.toml"]
     os.unlink(f.name)
-    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
-        f.write(odd)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPGUARD")}
-    p = run([LOOPGUARD, "--check", "--config", f.name], expect_ok=False, env=env)
-    os.unlink(f.name)
+    p = loopguard_check(odd)
     if p.returncode != 0:
         fail(f"a phrase with control characters made TOML loopguard refuses: {p.stderr}\n{odd}")
     import tomllib
