@@ -1176,7 +1176,8 @@ enum Leaf {
     List,
 }
 
-/// Dotted names of every scalar key, taken from the defaults.
+/// Dotted names of every key, and whether it holds a value or a list, taken
+/// from the defaults.
 fn leaf_keys() -> BTreeMap<String, Leaf> {
     fn walk(prefix: &str, value: &serde_json::Value, out: &mut BTreeMap<String, Leaf>) {
         match value {

@@ -45,8 +45,6 @@ pub fn report(
     if let Some(rule) = d.would_reject {
         metrics.would_suppress(rule);
     }
-    // Deliveries are counted as the copies are published (publish.rs): a
-    // copy that could not be published is a drop, not a delivery.
 
     let world_name = d.world.as_ref()?;
     let plain_approval = d.outcome == Outcome::Approved && d.would_reject.is_none();

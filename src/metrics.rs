@@ -362,10 +362,9 @@ impl Metrics {
         self.counters.handoffs[reason as usize].inc();
     }
 
-    pub fn deliveries(&self, visibility: Visibility, n: usize) {
-        if n > 0 {
-            self.counters.deliveries[visibility as usize].inc_by(n as u64);
-        }
+    /// Counts one copy published to the transcript or to an inbox.
+    pub fn delivered(&self, to: Visibility) {
+        self.counters.deliveries[to as usize].inc();
     }
 }
 

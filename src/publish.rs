@@ -102,7 +102,7 @@ impl Publisher {
         };
         match (&result, delivery) {
             (Err(e), _) => self.metrics.dropped(DropReason::PublishError, e),
-            (Ok(()), Some(to)) => self.metrics.deliveries(to, 1),
+            (Ok(()), Some(to)) => self.metrics.delivered(to),
             (Ok(()), None) => {}
         }
         result
@@ -148,7 +148,7 @@ impl Publisher {
         match answer.await {
             Ok(_) => {
                 if let Some(to) = delivery {
-                    self.metrics.deliveries(to, 1);
+                    self.metrics.delivered(to);
                 }
                 true
             }
