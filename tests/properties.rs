@@ -1,6 +1,6 @@
 //! Property tests over everything hostile input reaches: the subject parser,
 //! the envelope parser, the mention extractor, the normaliser, and the whole
-//! judge. Whatever comes in, nothing panics and no subject loopguard builds
+//! judge (with the contract's rules, and with loopguard's own on too). Whatever comes in, nothing panics and no subject loopguard builds
 //! carries a token outside `[a-z0-9_-]`.
 
 use std::sync::Arc;
@@ -70,8 +70,18 @@ fn content() -> impl Strategy<Value = String> {
     ]
 }
 
-fn judge() -> Judge {
+/// A judge with the contract's rules, and with `optional`, loopguard's own
+/// rules on too, set tight enough to reject often.
+fn judge(optional: bool) -> Judge {
     let mut config = Config::default();
+    if optional {
+        let rules = &mut config.rules;
+        rules.alternation.max_cycles = 2;
+        rules.similar.threshold = 0.5;
+        rules.low_content.enabled = true;
+        rules.budget.max = 5;
+        rules.concluded.enabled = true;
+    }
     config.worlds.insert(
         "w".into(),
         serde_json::from_value(serde_json::json!({"agents": ["alice", "bob", "carol"]})).unwrap(),
@@ -145,8 +155,9 @@ proptest! {
     #[test]
     fn the_judge_never_panics_and_only_publishes_on_safe_subjects(
         msgs in prop::collection::vec((token(), token(), content(), proptest::option::of(".{0,8}")), 1..12),
+        optional in any::<bool>(),
     ) {
-        let judge = judge();
+        let judge = judge(optional);
         let subjects = Subjects::new("chat");
         for (kind, name, text, parent) in msgs {
             for world in ["w", "other"] {
