@@ -24,11 +24,37 @@ pub struct Envelope {
     pub fields: Map<String, Value>,
 }
 
+/// Where a message's id comes from when its payload has none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallbackId<'a> {
+    /// The message's `Nats-Msg-Id` header: the sender's bytes, so it counts
+    /// toward `limits.max_payload_bytes` when it becomes the id (it is
+    /// copied into every egress copy, twice when it is also the thread).
+    Header(&'a str),
+    /// Made by loopguard (JetStream: stream and sequence), so that a
+    /// redelivered message gets the same id.
+    Stable(&'a str),
+}
+
+impl<'a> FallbackId<'a> {
+    pub fn as_str(self) -> &'a str {
+        match self {
+            FallbackId::Header(id) | FallbackId::Stable(id) => id,
+        }
+    }
+}
+
 /// Why a payload is refused; each maps to a rule name and a reason sentence.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EnvelopeError {
-    #[error("payload is {size} bytes, over the limit of {max}")]
-    TooLarge { size: usize, max: usize },
+    /// `size` counts the header id that would have been the id (`header`
+    /// bytes of it; 0 when there is none).
+    #[error("payload is {size} bytes{}, over the limit of {max}", with_header(*.header))]
+    TooLarge {
+        size: usize,
+        header: usize,
+        max: usize,
+    },
     #[error("payload is not valid UTF-8")]
     NotUtf8,
     #[error("JSON object has no string `content` or `text`")]
@@ -37,20 +63,41 @@ pub enum EnvelopeError {
     NotAString(&'static str),
 }
 
-/// Parses `payload`, taking `header_id` as the id when the JSON has none.
+fn with_header(header: usize) -> String {
+    match header {
+        0 => String::new(),
+        n => format!(" with the {n}-byte id of its Nats-Msg-Id header"),
+    }
+}
+
+/// Parses `payload`, taking `fallback` as the id when the JSON has none.
+/// Over `max_bytes`: the payload, or the payload and a header id that
+/// becomes the id.
 pub fn parse(
     payload: &[u8],
-    header_id: Option<&str>,
+    fallback: Option<FallbackId<'_>>,
     max_bytes: usize,
 ) -> Result<Envelope, EnvelopeError> {
     if payload.len() > max_bytes {
         return Err(EnvelopeError::TooLarge {
             size: payload.len(),
+            header: 0,
             max: max_bytes,
         });
     }
     let text = std::str::from_utf8(payload).map_err(|_| EnvelopeError::NotUtf8)?;
-    let header_id = header_id.map(str::to_owned);
+    let fallback_id = || -> Result<Option<String>, EnvelopeError> {
+        match fallback {
+            Some(FallbackId::Header(id)) if payload.len() + id.len() > max_bytes => {
+                Err(EnvelopeError::TooLarge {
+                    size: payload.len() + id.len(),
+                    header: id.len(),
+                    max: max_bytes,
+                })
+            }
+            f => Ok(f.map(|f| f.as_str().to_owned())),
+        }
+    };
 
     // Only text that opens like an object is worth handing to the JSON parser.
     let object = if text.trim_start().starts_with('{') {
@@ -67,8 +114,8 @@ pub fn parse(
     }) = object
     else {
         return Ok(Envelope {
+            id: fallback_id()?,
             content: text.to_owned(),
-            id: header_id,
             thread_id: None,
             parent_id: None,
             fields: Map::new(),
@@ -84,7 +131,10 @@ pub fn parse(
             _ => return Err(EnvelopeError::NoContent),
         },
     };
-    let id = string(id, "id")?.or(header_id);
+    let id = match string(id, "id")? {
+        Some(id) => Some(id),
+        None => fallback_id()?,
+    };
     let thread_id = string(thread_id, "thread_id")?;
     let parent_id = string(parent_id, "parent_id")?;
     Ok(Envelope {
@@ -319,19 +369,60 @@ mod tests {
 
     #[test]
     fn header_id_applies_only_when_the_json_has_none() {
-        let e = parse(br#"{"content":"x"}"#, Some("h1"), 1024).unwrap();
+        let h = |id| Some(FallbackId::Header(id));
+        let e = parse(br#"{"content":"x"}"#, h("h1"), 1024).unwrap();
         assert_eq!(e.id.as_deref(), Some("h1"));
-        let e = parse(br#"{"content":"x","id":"j1"}"#, Some("h1"), 1024).unwrap();
+        let e = parse(br#"{"content":"x","id":"j1"}"#, h("h1"), 1024).unwrap();
         assert_eq!(e.id.as_deref(), Some("j1"));
-        let e = parse(b"plain", Some("h2"), 1024).unwrap();
+        let e = parse(b"plain", h("h2"), 1024).unwrap();
         assert_eq!(e.id.as_deref(), Some("h2"));
+        let e = parse(b"plain", Some(FallbackId::Stable("s-1")), 1024).unwrap();
+        assert_eq!(e.id.as_deref(), Some("s-1"));
+    }
+
+    #[test]
+    fn a_header_id_that_becomes_the_id_counts_toward_the_limit() {
+        let h = |id| Some(FallbackId::Header(id));
+        let too_large = Err(EnvelopeError::TooLarge {
+            size: 11,
+            header: 6,
+            max: 10,
+        });
+        assert_eq!(parse(b"plain", h("header"), 10), too_large);
+        assert_eq!(
+            parse(br#"{"text":"x"}"#, h("header"), 15),
+            Err(EnvelopeError::TooLarge {
+                size: 18,
+                header: 6,
+                max: 15,
+            })
+        );
+        let reason = parse(b"plain", h("header"), 10).unwrap_err().to_string();
+        assert_eq!(
+            reason,
+            "payload is 11 bytes with the 6-byte id of its Nats-Msg-Id header, over the limit of 10"
+        );
+        // Exactly at the limit, it fits.
+        assert!(parse(b"plain", h("head"), 9).is_ok());
+        // Not the id (the JSON has one): not copied, not counted.
+        assert!(parse(br#"{"text":"x","id":"j"}"#, h(&"h".repeat(100)), 30).is_ok());
+        // loopguard's own stable id is not the sender's bytes.
+        assert!(parse(b"plain", Some(FallbackId::Stable("stream-12345")), 10).is_ok());
     }
 
     #[test]
     fn rejects_oversize_before_anything_else_and_invalid_utf8() {
         assert_eq!(
             parse(&[0xff; 11], None, 10),
-            Err(EnvelopeError::TooLarge { size: 11, max: 10 })
+            Err(EnvelopeError::TooLarge {
+                size: 11,
+                header: 0,
+                max: 10
+            })
+        );
+        assert_eq!(
+            parse(&[0xff; 11], None, 10).unwrap_err().to_string(),
+            "payload is 11 bytes, over the limit of 10"
         );
         assert_eq!(
             parse(&[b'h', 0xff, b'i'], None, 10),

@@ -18,7 +18,7 @@ use smol_str::SmolStr;
 
 use crate::clock::{rfc3339, Clock, Rfc3339};
 use crate::config::{FailMode, Mode, Settings};
-use crate::envelope::{self, EnvelopeError};
+use crate::envelope::{self, EnvelopeError, FallbackId};
 use crate::events;
 use crate::json;
 use crate::metrics::{Handoff, Metrics, Outcome};
@@ -330,7 +330,7 @@ impl Judge {
         &self,
         origin: Origin,
         payload: &[u8],
-        fallback_id: Option<&str>,
+        fallback_id: Option<FallbackId<'_>>,
     ) -> Option<Decision> {
         let started = Instant::now();
         let settings = self.settings();
@@ -350,7 +350,7 @@ impl Judge {
                 sender,
                 reason,
             } => {
-                let id = fallback_id.map_or_else(new_id, str::to_owned);
+                let id = rejected_id(fallback_id, settings.config.limits.max_payload_bytes);
                 Decision::rejected(
                     world,
                     kind,
@@ -473,7 +473,7 @@ impl Judge {
         kind: SenderKind,
         sender: Name,
         payload: &[u8],
-        fallback_id: Option<&str>,
+        fallback_id: Option<FallbackId<'_>>,
         now: Instant,
     ) -> Decision {
         let config = &settings.config;
@@ -485,7 +485,7 @@ impl Judge {
                     EnvelopeError::TooLarge { .. } => RuleName::TooLarge,
                     _ => RuleName::Invalid,
                 };
-                let id = fallback_id.map_or_else(new_id, str::to_owned);
+                let id = rejected_id(fallback_id, config.limits.max_payload_bytes);
                 return Decision::rejected(
                     Some(world),
                     Some(kind),
@@ -780,6 +780,16 @@ impl Judge {
 /// A fresh id for a message that came without one.
 fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
+}
+
+/// The id of a message rejected before its payload was read: its fallback
+/// id, unless that is a header id larger than a payload may be (the event
+/// would carry it whole), which gets a fresh one.
+fn rejected_id(fallback: Option<FallbackId<'_>>, max_payload_bytes: usize) -> String {
+    match fallback {
+        Some(FallbackId::Header(id)) if id.len() > max_payload_bytes => new_id(),
+        f => f.map_or_else(new_id, |f| f.as_str().to_owned()),
+    }
 }
 
 /// What identifies one ingress message across processes: a name-based UUID

@@ -51,6 +51,52 @@ async fn oversize_payloads_are_rejected_as_too_large() {
     );
 }
 
+/// A `Nats-Msg-Id` header becomes the id of a message whose payload has
+/// none, and every copy carries that id (twice: it is the thread too). With
+/// the default limits, a 600 KB header on "hi" made a 1.2 MB copy that the
+/// server refused: the message was lost while its event said approved.
+#[tokio::test]
+async fn a_header_id_is_counted_with_the_payload_it_names() {
+    let mut h = Harness::start("").await;
+    let client = h.client.clone();
+    let send = |subject: &str, id: String| {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+        let (client, subject) = (client.clone(), subject.to_string());
+        async move {
+            client
+                .publish_with_headers(subject, headers, "hi".into())
+                .await
+                .expect("publish");
+        }
+    };
+    send("chat.raw.w.human.hank", "h".repeat(600_000)).await;
+    let out = h.settle("w").await;
+    assert_rejected(&out, "w", "too_large");
+    let e = &out.event("w").body;
+    assert!(e["reason"].as_str().unwrap().contains("Nats-Msg-Id"), "{e}");
+    assert_eq!(
+        e["id"].as_str().unwrap().len(),
+        36,
+        "a fresh id: the event cannot carry the header's"
+    );
+    // Its subject is invalid too: still an event, with a fresh id.
+    send("chat.raw.w.robot.r2", "h".repeat(600_000)).await;
+    let out = h.settle("w").await;
+    assert_rejected(&out, "w", "invalid");
+    assert_eq!(out.event("w").body["id"].as_str().unwrap().len(), 36);
+    // Within the limit, the header is the id, as before.
+    send("chat.raw.w.human.hank", "h".repeat(60_000)).await;
+    let out = h.settle("w").await;
+    let ids: Vec<_> = out.public("w").iter().map(|r| r.str("id").len()).collect();
+    assert_eq!(ids, [60_000]);
+    let scrape = support::Scrape::take(&h.loopguard.http_addr().await).await;
+    assert_eq!(
+        scrape.get("loopguard_dropped_total", &[("reason", "publish_error")]),
+        0.0
+    );
+}
+
 #[tokio::test]
 async fn objects_without_string_content_or_with_non_string_ids_are_invalid() {
     let mut h = Harness::start(SMALL).await;

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use async_nats::Message;
 use tokio::sync::mpsc;
 
+use crate::envelope::FallbackId;
 use crate::judge::{Judge, Outbound};
 use crate::publish::{Answer, Publisher};
 use crate::subject::{Origin, Subjects};
@@ -264,11 +265,9 @@ impl Worker {
             .headers
             .as_ref()
             .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
-            .map(|v| v.as_str());
-        let Some(mut decision) =
-            self.judge
-                .decide(origin, &message.payload, header_id.or(stable_id))
-        else {
+            .map(|v| FallbackId::Header(v.as_str()));
+        let fallback = header_id.or(stable_id.map(FallbackId::Stable));
+        let Some(mut decision) = self.judge.decide(origin, &message.payload, fallback) else {
             return Vec::new();
         };
         if let Some(check) = decision.policy.take() {
