@@ -11,7 +11,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{NatsAuth, Settings};
 use crate::ingest::jetstream::JetStreamError;
 use crate::ingest::{self, Dispatcher};
-use crate::judge::Judge;
+use crate::judge::{self, Judge};
 use crate::metrics::{DropReason, Metrics};
 use crate::publish::Publisher;
 
@@ -109,6 +109,10 @@ pub async fn run(
     }
 
     let client = connect(&settings, &metrics).await?;
+    tokio::spawn(check_max_payload(
+        client.clone(),
+        config.limits.max_payload_bytes,
+    ));
     // One stop signal, observable by every stage: set-up retries, intake
     // and the grace timer.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -340,6 +344,44 @@ async fn open_jetstream(
 
 /// Connects with unbounded retries, from the first attempt on: a NATS
 /// server that is not up yet must not stop loopguard (contract §6).
+/// Says, for each server loopguard connects to, whether every copy fits in
+/// the largest message it takes (`max_payload`): a copy that does not is
+/// refused, and counted as a `publish_error` drop. Reads the client's
+/// figure once a second, as async-nats announces no new server's.
+async fn check_max_payload(client: async_nats::Client, max_payload_bytes: usize) {
+    let largest = judge::largest_copy(max_payload_bytes);
+    let mut checked = None;
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        every.tick().await;
+        if client.connection_state() != async_nats::connection::State::Connected {
+            continue;
+        }
+        let server = client.max_payload();
+        if checked == Some(server) {
+            continue;
+        }
+        checked = Some(server);
+        if largest <= server {
+            tracing::info!(
+                server_max_payload = server,
+                largest_copy = largest,
+                "every copy fits in the server's max_payload"
+            );
+        } else {
+            tracing::warn!(
+                server_max_payload = server,
+                largest_copy = largest,
+                limits.max_payload_bytes = max_payload_bytes,
+                fits = judge::payload_limit_for(server),
+                "a copy can be larger than the server's max_payload, and would be dropped \
+                 (publish_error): lower limits.max_payload_bytes to `fits` or raise the \
+                 server's max_payload"
+            );
+        }
+    }
+}
+
 async fn connect(settings: &Settings, metrics: &Metrics) -> Result<async_nats::Client, AppError> {
     let config = &settings.config;
     let was_connected = Arc::new(AtomicBool::new(false));

@@ -782,6 +782,28 @@ fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
+/// What an egress copy (its JSON and `Nats-Msg-Id` header) holds beyond
+/// six times the payload limit, at most: loopguard's keys, names (≤ 64
+/// bytes), remembered thread and parent ids (≤ 256), the time, the header.
+const COPY_OVERHEAD: usize = 2048;
+
+/// The largest egress copy, in bytes as the server counts them, that a
+/// message within `max_payload_bytes` can make: plain text of control
+/// characters, each written as the six bytes `\u00XX`. (Anything else
+/// grows less: a JSON payload's content is written as it came, once more
+/// at most when it came as `text`; a header id counts toward the limit.)
+pub fn largest_copy(max_payload_bytes: usize) -> usize {
+    max_payload_bytes
+        .saturating_mul(6)
+        .saturating_add(COPY_OVERHEAD)
+}
+
+/// The largest `limits.max_payload_bytes` whose copies all fit in
+/// `server_max_payload` (the inverse of [`largest_copy`]).
+pub fn payload_limit_for(server_max_payload: usize) -> usize {
+    server_max_payload.saturating_sub(COPY_OVERHEAD) / 6
+}
+
 /// The id of a message rejected before its payload was read: its fallback
 /// id, unless that is a header id larger than a payload may be (the event
 /// would carry it whole), which gets a fresh one.
@@ -972,6 +994,63 @@ mod tests {
                 format!("{}:private.bob", expected.hyphenated())
             );
         }
+    }
+
+    /// The copies of the largest messages, as the server counts them
+    /// (payload and header), stay within `largest_copy`, and the bound is
+    /// close: plain text of control characters reaches six times the limit.
+    #[test]
+    fn no_copy_is_larger_than_largest_copy_says() {
+        const MAX: usize = 4096;
+        let rig = Rig::new(|c| {
+            c.limits.max_payload_bytes = MAX;
+            c.rules.duplicate.window_seconds = 0;
+        });
+        let (world, agent, human) = ("w".repeat(64), "a".repeat(64), "h".repeat(64));
+        let decide = |kind: &str, sender: &str, payload: &[u8], header: Option<&str>| {
+            let subject = format!("chat.raw.{world}.{kind}.{sender}");
+            let origin = rig.judge.subjects().parse(&subject);
+            rig.judge
+                .decide(origin, payload, header.map(FallbackId::Header))
+                .expect("not a join")
+        };
+        let long_id = "i".repeat(256);
+        let escaped = "\\u0001".repeat(MAX / 6 - 60);
+        let parent = format!(r#"{{"content":"p","id":"{long_id}","thread_id":"{long_id}"}}"#);
+        decide("agent", &agent, parent.as_bytes(), None);
+        let control = "\u{1}".repeat(MAX);
+        let mentions = format!("@{agent} ").repeat(MAX / 67);
+        let json_text = format!(r#"{{"text":"{escaped}","parent_id":"{long_id}"}}"#);
+        let half_control = "\u{1}".repeat(MAX / 2);
+        let cases: [(&str, &str, &[u8], Option<&str>); 5] = [
+            ("human", &human, control.as_bytes(), None),
+            ("agent", &agent, control.as_bytes(), None),
+            ("human", &human, mentions.as_bytes(), None),
+            ("human", &human, json_text.as_bytes(), None),
+            (
+                "human",
+                &human,
+                half_control.as_bytes(),
+                Some(&"x".repeat(MAX / 2)),
+            ),
+        ];
+        let mut largest = 0;
+        for (kind, sender, payload, header) in cases {
+            let d = decide(kind, sender, payload, header);
+            assert_ne!(d.outcome, Outcome::Rejected, "{}", d.reason);
+            for out in &d.outbound {
+                let header = out
+                    .msg_id
+                    .as_ref()
+                    .map_or(0, |id| "NATS/1.0\r\nNats-Msg-Id: \r\n\r\n".len() + id.len());
+                let size = out.payload.len() + header;
+                assert!(size <= largest_copy(MAX), "{size} bytes to {}", out.subject);
+                largest = largest.max(size);
+            }
+        }
+        assert!(largest > 6 * MAX, "the bound is reached: {largest}");
+        assert_eq!(payload_limit_for(largest_copy(MAX)), MAX);
+        assert!(largest_copy(payload_limit_for(1 << 20) + 1) > 1 << 20);
     }
 
     #[test]

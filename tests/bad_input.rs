@@ -95,6 +95,14 @@ async fn a_header_id_is_counted_with_the_payload_it_names() {
         scrape.get("loopguard_dropped_total", &[("reason", "publish_error")]),
         0.0
     );
+    // With the default limits and server, every copy fits, and it says so.
+    h.loopguard
+        .until_logged("every copy fits in the server's max_payload", 1)
+        .await;
+    assert!(!h
+        .loopguard
+        .logs()
+        .contains("larger than the server's max_payload"));
 }
 
 #[tokio::test]
@@ -360,6 +368,14 @@ async fn a_copy_the_server_cannot_take_is_a_drop_not_a_delivery() {
     std::fs::write(&conf, "max_payload: 2048\n").expect("server config");
     let nats = NatsServer::start_with(&["-c", conf.to_str().expect("path")]);
     let mut h = Harness::start_on(nats, SMALL).await;
+    // Said at start-up: 1 KiB of control characters is a 6 KiB copy.
+    h.loopguard
+        .until_logged("a copy can be larger than the server's max_payload", 1)
+        .await;
+    assert!(
+        h.loopguard.logs().contains("fits="),
+        "with the limit that fits"
+    );
     h.send("w", "human", "hank", vec![1u8; 1000]).await;
     h.send_json("w", "human", "hank", json!({"content": "fits", "id": "ok"}))
         .await;
