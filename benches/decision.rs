@@ -14,6 +14,7 @@ use std::time::Instant;
 use criterion::{criterion_group, criterion_main, Criterion};
 use loopguard::clock::SystemClock;
 use loopguard::config::Config;
+use loopguard::envelope::FallbackId;
 use loopguard::judge::Judge;
 use loopguard::metrics::{Metrics, Outcome};
 
@@ -180,7 +181,7 @@ fn bench_decisions(c: &mut Criterion, name: &str, judge: &Judge, inputs: &[(Stri
             let (subject, payload) = &inputs[i % inputs.len()];
             i += 1;
             let origin = judge.subjects().parse(subject);
-            judge.decide(origin, payload, None)
+            judge.decide(origin, payload, FallbackId::default())
         })
     });
 }
@@ -191,7 +192,11 @@ fn print_approved(name: &str, judge: Judge, inputs: &[(String, Vec<u8>)]) {
     let approved = inputs[..50_000]
         .iter()
         .filter_map(|(subject, payload)| {
-            judge.decide(judge.subjects().parse(subject), payload, None)
+            judge.decide(
+                judge.subjects().parse(subject),
+                payload,
+                FallbackId::default(),
+            )
         })
         .filter(|d| d.outcome == Outcome::Approved)
         .count();
@@ -211,7 +216,7 @@ fn single_decisions(inputs: &[(String, Vec<u8>)], upkeep: bool) -> Vec<u64> {
         .map(|(subject, payload)| {
             let start = Instant::now();
             let origin = judge.subjects().parse(subject);
-            std::hint::black_box(judge.decide(origin, payload, None));
+            std::hint::black_box(judge.decide(origin, payload, FallbackId::default()));
             let took = start.elapsed().as_nanos() as u64;
             if upkeep {
                 judge.upkeep();

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use loopguard::clock::SystemClock;
 use loopguard::config::Config;
+use loopguard::envelope::FallbackId;
 use loopguard::judge::Judge;
 use loopguard::metrics::Metrics;
 
@@ -49,7 +50,11 @@ fn child(worlds: u64, turns: u64) {
     for i in 0..WARM_WORLDS {
         let subject = format!("chat.raw.warm{i}.agent.a");
         let payload = format!("{{\"id\":\"{i}\",\"content\":\"{filler}\"}}");
-        judge.decide(judge.subjects().parse(&subject), payload.as_bytes(), None);
+        judge.decide(
+            judge.subjects().parse(&subject),
+            payload.as_bytes(),
+            FallbackId::default(),
+        );
     }
     judge.worlds().len();
     let before = rss_kib();
@@ -64,7 +69,11 @@ fn child(worlds: u64, turns: u64) {
                 )
             };
             let payload = format!("{{\"id\":\"{w}-{k}\",\"content\":\"{content}\"}}");
-            judge.decide(judge.subjects().parse(&subject), payload.as_bytes(), None);
+            judge.decide(
+                judge.subjects().parse(&subject),
+                payload.as_bytes(),
+                FallbackId::default(),
+            );
         }
     }
     let held = judge.worlds().len() - WARM_WORLDS;

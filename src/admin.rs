@@ -257,8 +257,12 @@ fn world_view(admin: &Admin, raw: &str) -> Reply {
     };
     let now = admin.clock.now();
     let (window, hot) = conversation_limits(admin);
-    let w = state::lock(&handle);
-    let view = w.view(&world, now, w.conversation(now, window, hot));
+    let view = {
+        let w = state::lock(&handle);
+        w.view(&world, now, w.conversation(now, window, hot))
+    };
+    // Written after the world's lock is released: its decisions wait for
+    // the view, not for the JSON.
     match serde_json::to_vec(&view) {
         Ok(body) => reply(StatusCode::OK, "application/json", body),
         Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),

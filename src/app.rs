@@ -109,10 +109,6 @@ pub async fn run(
     }
 
     let client = connect(&settings, &metrics).await?;
-    tokio::spawn(check_max_payload(
-        client.clone(),
-        config.limits.max_payload_bytes,
-    ));
     // One stop signal, observable by every stage: set-up retries, intake
     // and the grace timer.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -130,6 +126,8 @@ pub async fn run(
             let _ = rx.wait_for(|stopping| *stopping).await;
         }
     };
+
+    tokio::spawn(check_max_payload(client.clone(), judge.clone(), stopped()));
 
     let subjects = judge.subjects().clone();
     let jetstream = &config.nats.jetstream;
@@ -342,38 +340,58 @@ async fn open_jetstream(
     }
 }
 
-/// Connects with unbounded retries, from the first attempt on: a NATS
-/// server that is not up yet must not stop loopguard (contract §6).
-/// Says, for each server loopguard connects to, whether every copy fits in
-/// the largest message it takes (`max_payload`): a copy that does not is
-/// refused, and counted as a `publish_error` drop. Reads the client's
-/// figure once a second, as async-nats announces no new server's.
-async fn check_max_payload(client: async_nats::Client, max_payload_bytes: usize) {
-    let largest = judge::largest_copy(max_payload_bytes);
+/// Says whether every copy fits in the largest message the server takes
+/// (`max_payload`): a copy that does not is refused, and counted as a
+/// `publish_error` drop. Checked once connected, and again whenever the
+/// server's figure (a reconnect to another server) or the payload limit (a
+/// reload) changes; async-nats announces neither, so it looks once a second.
+async fn check_max_payload(
+    client: async_nats::Client,
+    judge: Arc<Judge>,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(stop);
     let mut checked = None;
     let mut every = tokio::time::interval(Duration::from_secs(1));
     loop {
-        every.tick().await;
-        if client.connection_state() != async_nats::connection::State::Connected {
-            continue;
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = every.tick() => {}
         }
+        // The client stores a new server's figure just after it says it is
+        // connected, and its copy of the server's INFO later: act only once
+        // both agree.
         let server = client.max_payload();
-        if checked == Some(server) {
+        let connected = client.connection_state() == async_nats::connection::State::Connected;
+        if !connected || client.try_server_info().map(|i| i.max_payload) != Some(server) {
             continue;
         }
-        checked = Some(server);
+        let limit = judge.settings().config.limits.max_payload_bytes;
+        if checked == Some((server, limit)) {
+            continue;
+        }
+        checked = Some((server, limit));
+        let largest = judge::largest_copy(limit);
+        let fits = judge::payload_limit_for(server);
         if largest <= server {
             tracing::info!(
                 server_max_payload = server,
                 largest_copy = largest,
                 "every copy fits in the server's max_payload"
             );
+        } else if fits == 0 {
+            tracing::warn!(
+                server_max_payload = server,
+                largest_copy = largest,
+                "a copy can be larger than the server's max_payload, and would be dropped \
+                 (publish_error): raise the server's max_payload"
+            );
         } else {
             tracing::warn!(
                 server_max_payload = server,
                 largest_copy = largest,
-                limits.max_payload_bytes = max_payload_bytes,
-                fits = judge::payload_limit_for(server),
+                limits.max_payload_bytes = limit,
+                fits,
                 "a copy can be larger than the server's max_payload, and would be dropped \
                  (publish_error): lower limits.max_payload_bytes to `fits` or raise the \
                  server's max_payload"
@@ -382,6 +400,8 @@ async fn check_max_payload(client: async_nats::Client, max_payload_bytes: usize)
     }
 }
 
+/// Connects with unbounded retries, from the first attempt on: a NATS
+/// server that is not up yet must not stop loopguard (contract §6).
 async fn connect(settings: &Settings, metrics: &Metrics) -> Result<async_nats::Client, AppError> {
     let config = &settings.config;
     let was_connected = Arc::new(AtomicBool::new(false));

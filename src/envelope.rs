@@ -24,22 +24,25 @@ pub struct Envelope {
     pub fields: Map<String, Value>,
 }
 
-/// Where a message's id comes from when its payload has none.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FallbackId<'a> {
-    /// The message's `Nats-Msg-Id` header: the sender's bytes, so it counts
-    /// toward `limits.max_payload_bytes` when it becomes the id (it is
-    /// copied into every egress copy, twice when it is also the thread).
-    Header(&'a str),
-    /// Made by loopguard (JetStream: stream and sequence), so that a
+/// Where a message's id comes from when its payload names none: the
+/// header, else loopguard's stable id, else (left to the judge) a new one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FallbackId<'a> {
+    /// The message's `Nats-Msg-Id` header: the sender's bytes, so when it
+    /// becomes the id it counts toward `limits.max_payload_bytes` at its
+    /// length in JSON (every copy carries it, twice when it is also the
+    /// thread).
+    pub header: Option<&'a str>,
+    /// Made by loopguard (JetStream: `<stream>-<sequence>`), so that a
     /// redelivered message gets the same id.
-    Stable(&'a str),
+    pub stable: Option<&'a str>,
 }
 
 impl<'a> FallbackId<'a> {
-    pub fn as_str(self) -> &'a str {
-        match self {
-            FallbackId::Header(id) | FallbackId::Stable(id) => id,
+    pub fn header(id: &'a str) -> FallbackId<'a> {
+        FallbackId {
+            header: Some(id),
+            stable: None,
         }
     }
 }
@@ -47,12 +50,13 @@ impl<'a> FallbackId<'a> {
 /// Why a payload is refused; each maps to a rule name and a reason sentence.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EnvelopeError {
-    /// `size` counts the header id that would have been the id (`header`
-    /// bytes of it; 0 when there is none).
-    #[error("payload is {size} bytes{}, over the limit of {max}", with_header(*.header))]
-    TooLarge {
-        size: usize,
-        header: usize,
+    #[error("payload is {size} bytes, over the limit of {max}")]
+    TooLarge { size: usize, max: usize },
+    /// The id a header gave, `id` bytes in JSON, and the payload.
+    #[error("payload is {payload} bytes and the id of its Nats-Msg-Id header {id} (as JSON), over the limit of {max} together")]
+    IdTooLarge {
+        payload: usize,
+        id: usize,
         max: usize,
     },
     #[error("payload is not valid UTF-8")]
@@ -63,40 +67,33 @@ pub enum EnvelopeError {
     NotAString(&'static str),
 }
 
-fn with_header(header: usize) -> String {
-    match header {
-        0 => String::new(),
-        n => format!(" with the {n}-byte id of its Nats-Msg-Id header"),
-    }
-}
-
 /// Parses `payload`, taking `fallback` as the id when the JSON has none.
 /// Over `max_bytes`: the payload, or the payload and a header id that
-/// becomes the id.
+/// becomes the id (checked last: a payload that is also invalid is that).
 pub fn parse(
     payload: &[u8],
-    fallback: Option<FallbackId<'_>>,
+    fallback: FallbackId<'_>,
     max_bytes: usize,
 ) -> Result<Envelope, EnvelopeError> {
     if payload.len() > max_bytes {
         return Err(EnvelopeError::TooLarge {
             size: payload.len(),
-            header: 0,
             max: max_bytes,
         });
     }
     let text = std::str::from_utf8(payload).map_err(|_| EnvelopeError::NotUtf8)?;
     let fallback_id = || -> Result<Option<String>, EnvelopeError> {
-        match fallback {
-            Some(FallbackId::Header(id)) if payload.len() + id.len() > max_bytes => {
-                Err(EnvelopeError::TooLarge {
-                    size: payload.len() + id.len(),
-                    header: id.len(),
+        if let Some(id) = fallback.header {
+            let written = crate::json::escaped_len(id);
+            if payload.len() + written > max_bytes {
+                return Err(EnvelopeError::IdTooLarge {
+                    payload: payload.len(),
+                    id: written,
                     max: max_bytes,
-                })
+                });
             }
-            f => Ok(f.map(|f| f.as_str().to_owned())),
         }
+        Ok(fallback.header.or(fallback.stable).map(str::to_owned))
     };
 
     // Only text that opens like an object is worth handing to the JSON parser.
@@ -131,12 +128,13 @@ pub fn parse(
             _ => return Err(EnvelopeError::NoContent),
         },
     };
-    let id = match string(id, "id")? {
+    let id = string(id, "id")?;
+    let thread_id = string(thread_id, "thread_id")?;
+    let parent_id = string(parent_id, "parent_id")?;
+    let id = match id {
         Some(id) => Some(id),
         None => fallback_id()?,
     };
-    let thread_id = string(thread_id, "thread_id")?;
-    let parent_id = string(parent_id, "parent_id")?;
     Ok(Envelope {
         content,
         id,
@@ -229,7 +227,7 @@ mod tests {
     use super::*;
 
     fn ok(payload: &str) -> Envelope {
-        parse(payload.as_bytes(), None, 1024).unwrap()
+        parse(payload.as_bytes(), FallbackId::default(), 1024).unwrap()
     }
 
     #[test]
@@ -279,7 +277,7 @@ mod tests {
             r#"{"content":null}"#,
         ] {
             assert_eq!(
-                parse(raw.as_bytes(), None, 1024),
+                parse(raw.as_bytes(), FallbackId::default(), 1024),
                 Err(EnvelopeError::NoContent),
                 "{raw}"
             );
@@ -294,7 +292,7 @@ mod tests {
             (r#"{"content":"x","parent_id":true}"#, "parent_id"),
         ] {
             assert_eq!(
-                parse(raw.as_bytes(), None, 1024),
+                parse(raw.as_bytes(), FallbackId::default(), 1024),
                 Err(EnvelopeError::NotAString(key))
             );
         }
@@ -309,7 +307,7 @@ mod tests {
             string(fields.remove(key), key)
         }
         let Ok(mut fields) = serde_json::from_str::<Map<String, Value>>(payload) else {
-            return parse(payload.as_bytes(), None, usize::MAX);
+            return parse(payload.as_bytes(), FallbackId::default(), usize::MAX);
         };
         let content = match take(&mut fields, "content") {
             Ok(Some(c)) => c,
@@ -338,7 +336,7 @@ mod tests {
             r#"{"content":"c","a\"b":{"n":1.50}}"#,
         ] {
             assert_eq!(
-                parse(raw.as_bytes(), None, 1024),
+                parse(raw.as_bytes(), FallbackId::default(), 1024),
                 parse_via_map(raw),
                 "{raw}"
             );
@@ -363,71 +361,88 @@ mod tests {
         ) {
             let body: Vec<String> = members.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
             let raw = format!("{{{}}}", body.join(","));
-            proptest::prop_assert_eq!(parse(raw.as_bytes(), None, 4096), parse_via_map(&raw), "{}", raw);
+            proptest::prop_assert_eq!(parse(raw.as_bytes(), FallbackId::default(), 4096), parse_via_map(&raw), "{}", raw);
         }
     }
 
     #[test]
     fn header_id_applies_only_when_the_json_has_none() {
-        let h = |id| Some(FallbackId::Header(id));
+        let h = FallbackId::header;
         let e = parse(br#"{"content":"x"}"#, h("h1"), 1024).unwrap();
         assert_eq!(e.id.as_deref(), Some("h1"));
         let e = parse(br#"{"content":"x","id":"j1"}"#, h("h1"), 1024).unwrap();
         assert_eq!(e.id.as_deref(), Some("j1"));
         let e = parse(b"plain", h("h2"), 1024).unwrap();
         assert_eq!(e.id.as_deref(), Some("h2"));
-        let e = parse(b"plain", Some(FallbackId::Stable("s-1")), 1024).unwrap();
-        assert_eq!(e.id.as_deref(), Some("s-1"));
+        let both = FallbackId {
+            header: Some("h3"),
+            stable: Some("s-1"),
+        };
+        assert_eq!(
+            parse(b"plain", both, 1024).unwrap().id.as_deref(),
+            Some("h3")
+        );
+        let stable = FallbackId {
+            header: None,
+            stable: Some("s-1"),
+        };
+        assert_eq!(
+            parse(b"plain", stable, 1024).unwrap().id.as_deref(),
+            Some("s-1")
+        );
     }
 
     #[test]
-    fn a_header_id_that_becomes_the_id_counts_toward_the_limit() {
-        let h = |id| Some(FallbackId::Header(id));
-        let too_large = Err(EnvelopeError::TooLarge {
-            size: 11,
-            header: 6,
-            max: 10,
-        });
-        assert_eq!(parse(b"plain", h("header"), 10), too_large);
+    fn a_header_id_that_becomes_the_id_counts_toward_the_limit_as_json() {
+        let h = FallbackId::header;
+        let too_large = |payload, id, max| Err(EnvelopeError::IdTooLarge { payload, id, max });
+        assert_eq!(parse(b"plain", h("header"), 10), too_large(5, 6, 10));
         assert_eq!(
             parse(br#"{"text":"x"}"#, h("header"), 15),
-            Err(EnvelopeError::TooLarge {
-                size: 18,
-                header: 6,
-                max: 15,
-            })
+            too_large(12, 6, 15)
         );
-        let reason = parse(b"plain", h("header"), 10).unwrap_err().to_string();
+        // A control character is six bytes in a copy.
+        assert_eq!(parse(b"plain", h("\u{1}"), 10), too_large(5, 6, 10));
+        assert!(parse(b"plain", h("\u{1}"), 11).is_ok());
         assert_eq!(
-            reason,
-            "payload is 11 bytes with the 6-byte id of its Nats-Msg-Id header, over the limit of 10"
+            parse(b"plain", h("header"), 10).unwrap_err().to_string(),
+            "payload is 5 bytes and the id of its Nats-Msg-Id header 6 (as JSON), over the limit of 10 together"
         );
         // Exactly at the limit, it fits.
         assert!(parse(b"plain", h("head"), 9).is_ok());
         // Not the id (the JSON has one): not copied, not counted.
-        assert!(parse(br#"{"text":"x","id":"j"}"#, h(&"h".repeat(100)), 30).is_ok());
+        let long = "h".repeat(100);
+        assert!(parse(br#"{"text":"x","id":"j"}"#, h(&long), 30).is_ok());
+        // Invalid wins: the payload is refused for what it is.
+        assert_eq!(
+            parse(br#"{"text":"x","thread_id":1}"#, h(&long), 30),
+            Err(EnvelopeError::NotAString("thread_id"))
+        );
+        assert_eq!(parse(&[0xff], h(&long), 30), Err(EnvelopeError::NotUtf8));
         // loopguard's own stable id is not the sender's bytes.
-        assert!(parse(b"plain", Some(FallbackId::Stable("stream-12345")), 10).is_ok());
+        let stable = FallbackId {
+            header: None,
+            stable: Some("stream-12345"),
+        };
+        assert!(parse(b"plain", stable, 10).is_ok());
     }
 
     #[test]
     fn rejects_oversize_before_anything_else_and_invalid_utf8() {
         assert_eq!(
-            parse(&[0xff; 11], None, 10),
-            Err(EnvelopeError::TooLarge {
-                size: 11,
-                header: 0,
-                max: 10
-            })
+            parse(&[0xff; 11], FallbackId::default(), 10),
+            Err(EnvelopeError::TooLarge { size: 11, max: 10 })
         );
         assert_eq!(
-            parse(&[0xff; 11], None, 10).unwrap_err().to_string(),
+            parse(&[0xff; 11], FallbackId::default(), 10)
+                .unwrap_err()
+                .to_string(),
             "payload is 11 bytes, over the limit of 10"
         );
         assert_eq!(
-            parse(&[b'h', 0xff, b'i'], None, 10),
+            parse(&[b'h', 0xff, b'i'], FallbackId::default(), 10),
             Err(EnvelopeError::NotUtf8)
         );
-        assert!(parse(&[b'x'; 10], None, 10).is_ok());
+        assert!(parse(&[b'x'; 10], FallbackId::default(), 10).is_ok());
     }
 }

@@ -122,6 +122,21 @@ fn string(buf: &mut Vec<u8>, s: &str) {
     }
 }
 
+/// The length of `s` written as a JSON string, quotes left out: what a
+/// client's bytes cost in a copy (a control character takes six).
+pub fn escaped_len(s: &str) -> usize {
+    if !needs_escape(s.as_bytes()) {
+        return s.len();
+    }
+    s.bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | 0x08 | 0x0c | b'\n' | b'\r' | b'\t' => 2,
+            0..0x20 => 6,
+            _ => 1,
+        })
+        .sum()
+}
+
 /// True when a byte of `bytes` must be escaped in a JSON string: a control
 /// character, `"` or `\`. Eight bytes at a time, as one `u64`.
 fn needs_escape(bytes: &[u8]) -> bool {
@@ -215,5 +230,18 @@ mod tests {
             string(&mut buf, &s);
             prop_assert_eq!(buf, serde_json::to_vec(&s).unwrap());
         }
+
+        #[test]
+        fn escaped_len_is_what_serde_json_writes(s in "(\\PC|[\\x00-\\x20\"\\\\\\x7f])*") {
+            prop_assert_eq!(escaped_len(&s) + 2, serde_json::to_vec(&s).unwrap().len());
+        }
+    }
+
+    #[test]
+    fn escaped_len_counts_each_escape() {
+        assert_eq!(escaped_len("plain"), 5);
+        assert_eq!(escaped_len("\u{1}\u{1f}"), 12);
+        assert_eq!(escaped_len("\"\\\n\r\t\u{8}\u{c}"), 14);
+        assert_eq!(escaped_len("é\u{7f}"), 3);
     }
 }

@@ -330,7 +330,7 @@ impl Judge {
         &self,
         origin: Origin,
         payload: &[u8],
-        fallback_id: Option<FallbackId<'_>>,
+        fallback_id: FallbackId<'_>,
     ) -> Option<Decision> {
         let started = Instant::now();
         let settings = self.settings();
@@ -473,7 +473,7 @@ impl Judge {
         kind: SenderKind,
         sender: Name,
         payload: &[u8],
-        fallback_id: Option<FallbackId<'_>>,
+        fallback_id: FallbackId<'_>,
         now: Instant,
     ) -> Decision {
         let config = &settings.config;
@@ -482,7 +482,9 @@ impl Judge {
             Ok(env) => env,
             Err(e) => {
                 let rule = match e {
-                    EnvelopeError::TooLarge { .. } => RuleName::TooLarge,
+                    EnvelopeError::TooLarge { .. } | EnvelopeError::IdTooLarge { .. } => {
+                        RuleName::TooLarge
+                    }
                     _ => RuleName::Invalid,
                 };
                 let id = rejected_id(fallback_id, config.limits.max_payload_bytes);
@@ -784,14 +786,16 @@ fn new_id() -> String {
 
 /// What an egress copy (its JSON and `Nats-Msg-Id` header) holds beyond
 /// six times the payload limit, at most: loopguard's keys, names (≤ 64
-/// bytes), remembered thread and parent ids (≤ 256), the time, the header.
-const COPY_OVERHEAD: usize = 2048;
+/// bytes), a remembered thread and parent id (≤ 256 bytes each, up to six
+/// times that in JSON: 3,072), the time, the header.
+const COPY_OVERHEAD: usize = 4096;
 
 /// The largest egress copy, in bytes as the server counts them, that a
 /// message within `max_payload_bytes` can make: plain text of control
 /// characters, each written as the six bytes `\u00XX`. (Anything else
 /// grows less: a JSON payload's content is written as it came, once more
-/// at most when it came as `text`; a header id counts toward the limit.)
+/// at most when it came as `text`; a header id counts toward the limit at
+/// its length in JSON, and is written twice at most.)
 pub fn largest_copy(max_payload_bytes: usize) -> usize {
     max_payload_bytes
         .saturating_mul(6)
@@ -804,14 +808,16 @@ pub fn payload_limit_for(server_max_payload: usize) -> usize {
     server_max_payload.saturating_sub(COPY_OVERHEAD) / 6
 }
 
-/// The id of a message rejected before its payload was read: its fallback
-/// id, unless that is a header id larger than a payload may be (the event
-/// would carry it whole), which gets a fresh one.
-fn rejected_id(fallback: Option<FallbackId<'_>>, max_payload_bytes: usize) -> String {
-    match fallback {
-        Some(FallbackId::Header(id)) if id.len() > max_payload_bytes => new_id(),
-        f => f.map_or_else(new_id, |f| f.as_str().to_owned()),
-    }
+/// The id of an `invalid` or `too_large` message's event: its fallback
+/// id, but not a header id larger in JSON than a payload may be (the event
+/// would carry it whole).
+fn rejected_id(fallback: FallbackId<'_>, max_payload_bytes: usize) -> String {
+    let header = fallback
+        .header
+        .filter(|id| json::escaped_len(id) <= max_payload_bytes);
+    header
+        .or(fallback.stable)
+        .map_or_else(new_id, str::to_owned)
 }
 
 /// What identifies one ingress message across processes: a name-based UUID
@@ -959,7 +965,7 @@ mod tests {
                 .subjects()
                 .parse(&format!("chat.raw.w.{kind}.{sender}"));
             self.judge
-                .decide(origin, payload.as_bytes(), None)
+                .decide(origin, payload.as_bytes(), FallbackId::default())
                 .expect("not a join")
         }
     }
@@ -1011,33 +1017,43 @@ mod tests {
             let subject = format!("chat.raw.{world}.{kind}.{sender}");
             let origin = rig.judge.subjects().parse(&subject);
             rig.judge
-                .decide(origin, payload, header.map(FallbackId::Header))
+                .decide(
+                    origin,
+                    payload,
+                    header.map(FallbackId::header).unwrap_or_default(),
+                )
                 .expect("not a join")
         };
-        let long_id = "i".repeat(256);
-        let escaped = "\\u0001".repeat(MAX / 6 - 60);
-        let parent = format!(r#"{{"content":"p","id":"{long_id}","thread_id":"{long_id}"}}"#);
-        decide("agent", &agent, parent.as_bytes(), None);
+        // Ids of 256 control characters (the longest remembered), each six
+        // bytes in JSON: a parent whose id and thread a reply carries.
+        let control_id = "\\u0001".repeat(256);
+        let parent = format!(r#"{{"content":"p","id":"{control_id}","thread_id":"{control_id}"}}"#);
         let control = "\u{1}".repeat(MAX);
         let mentions = format!("@{agent} ").repeat(MAX / 67);
-        let json_text = format!(r#"{{"text":"{escaped}","parent_id":"{long_id}"}}"#);
+        let escaped = "\\u0001".repeat(MAX / 6 - 60);
+        let json_text = format!(r#"{{"text":"{escaped}","parent_id":"i"}}"#);
         let half_control = "\u{1}".repeat(MAX / 2);
-        let cases: [(&str, &str, &[u8], Option<&str>); 5] = [
+        let header = "\u{1}".repeat(MAX / 12);
+        // In order: each message may be the parent of the next.
+        let cases: [(&str, &str, &[u8], Option<&str>); 8] = [
             ("human", &human, control.as_bytes(), None),
+            ("human", &human, parent.as_bytes(), None),
             ("agent", &agent, control.as_bytes(), None),
             ("human", &human, mentions.as_bytes(), None),
             ("human", &human, json_text.as_bytes(), None),
-            (
-                "human",
-                &human,
-                half_control.as_bytes(),
-                Some(&"x".repeat(MAX / 2)),
-            ),
+            ("human", &human, half_control.as_bytes(), Some(&header)),
+            ("human", &human, b"", Some(&"x".repeat(MAX))),
+            // Counted raw, this header would make copies of 12 × MAX.
+            ("human", &human, b"", Some(&control)),
         ];
         let mut largest = 0;
         for (kind, sender, payload, header) in cases {
             let d = decide(kind, sender, payload, header);
-            assert_ne!(d.outcome, Outcome::Rejected, "{}", d.reason);
+            let expected = match header {
+                Some(h) if h == control => Outcome::Rejected,
+                _ => Outcome::Approved,
+            };
+            assert_eq!(d.outcome, expected, "{}", d.reason);
             for out in &d.outbound {
                 let header = out
                     .msg_id
@@ -1048,9 +1064,38 @@ mod tests {
                 largest = largest.max(size);
             }
         }
-        assert!(largest > 6 * MAX, "the bound is reached: {largest}");
+        assert!(
+            largest > 6 * MAX + 3000,
+            "the bound is nearly reached: {largest}"
+        );
         assert_eq!(payload_limit_for(largest_copy(MAX)), MAX);
         assert!(largest_copy(payload_limit_for(1 << 20) + 1) > 1 << 20);
+    }
+
+    /// A header id too large for the event gives way to the stable id
+    /// (JetStream), so a redelivery's event has the same id.
+    #[test]
+    fn a_rejected_message_keeps_its_stable_id_when_the_header_cannot_be_its_id() {
+        let rig = Rig::new(|c| c.limits.max_payload_bytes = 64);
+        let huge = "h".repeat(100);
+        let fallback = FallbackId {
+            header: Some(&huge),
+            stable: Some("raw-7"),
+        };
+        for subject in ["chat.raw.w.human.hank", "chat.raw.w.robot.r2"] {
+            let origin = rig.judge.subjects().parse(subject);
+            let d = rig.judge.decide(origin, b"hi", fallback).unwrap();
+            assert_eq!(d.outcome, Outcome::Rejected);
+            assert_eq!(event(&d)["id"], "raw-7", "{subject}");
+        }
+        // A header that fits stays the id of the rejection's event.
+        let fallback = FallbackId {
+            header: Some("h-1"),
+            stable: Some("raw-8"),
+        };
+        let origin = rig.judge.subjects().parse("chat.raw.w.robot.r2");
+        let d = rig.judge.decide(origin, b"hi", fallback).unwrap();
+        assert_eq!(event(&d)["id"], "h-1");
     }
 
     #[test]
@@ -1061,7 +1106,7 @@ mod tests {
             .decide(
                 rig.judge.subjects().parse("chat.raw.w.robot.r2"),
                 b"hi",
-                None,
+                FallbackId::default(),
             )
             .unwrap();
         let e = event(&d);
@@ -1205,7 +1250,10 @@ mod tests {
     fn a_join_changes_the_roster_and_decides_nothing() {
         let rig = Rig::new(|_| {});
         let origin = rig.judge.subjects().parse("chat.join.w.zed");
-        assert!(rig.judge.decide(origin, b"", None).is_none());
+        assert!(rig
+            .judge
+            .decide(origin, b"", FallbackId::default())
+            .is_none());
         let d = rig.send("agent", "alice", "@zed hi");
         assert_eq!(d.delivered_to, ["private.zed"]);
     }

@@ -799,14 +799,18 @@ impl WorldState {
             return Conversation::Concluded;
         }
         let age = |at: &Instant| now.saturating_duration_since(*at);
-        let mut speakers: Vec<u64> = Vec::new();
+        // Whether two or more spoke is all that is read: the first speaker,
+        // and whether another followed (a list of all was quadratic in the
+        // 512 activity entries, for every world at each scrape).
+        let (mut first, mut several) = (None, false);
         let (mut recent, mut previous) = (0u32, 0u32);
         for (at, who) in self.activity.iter().rev() {
             let a = age(at);
             if a < window {
                 recent += 1;
-                if !speakers.contains(who) {
-                    speakers.push(*who);
+                match first {
+                    None => first = Some(*who),
+                    Some(f) => several |= f != *who,
                 }
             } else if a < window * 2 {
                 previous += 1;
@@ -816,7 +820,7 @@ impl WorldState {
         }
         if recent == 0 {
             Conversation::Cold
-        } else if recent >= hot_messages.max(1) && speakers.len() >= 2 {
+        } else if recent >= hot_messages.max(1) && several {
             Conversation::Hot
         } else if recent >= previous {
             Conversation::Warming

@@ -365,18 +365,20 @@ async fn subjects_and_headers_that_are_not_utf8_cost_loopguard_nothing() {
 async fn a_copy_the_server_cannot_take_is_a_drop_not_a_delivery() {
     let dir = tempfile::tempdir().expect("temp dir");
     let conf = dir.path().join("nats.conf");
-    std::fs::write(&conf, "max_payload: 2048\n").expect("server config");
+    std::fs::write(&conf, "max_payload: 16384\n").expect("server config");
     let nats = NatsServer::start_with(&["-c", conf.to_str().expect("path")]);
-    let mut h = Harness::start_on(nats, SMALL).await;
-    // Said at start-up: 1 KiB of control characters is a 6 KiB copy.
+    let config = "[limits]\nmax_payload_bytes = 4096\n[rules.duplicate]\nwindow_seconds = 0\n";
+    let mut h = Harness::start_on(nats, config).await;
+    // Said at start-up: 4 KiB of control characters is a 24 KiB copy; 2 KiB
+    // would fit ((16384 - 4096) / 6).
     h.loopguard
         .until_logged("a copy can be larger than the server's max_payload", 1)
         .await;
     assert!(
-        h.loopguard.logs().contains("fits="),
+        h.loopguard.logs().contains("fits=2048"),
         "with the limit that fits"
     );
-    h.send("w", "human", "hank", vec![1u8; 1000]).await;
+    h.send("w", "human", "hank", vec![1u8; 4000]).await;
     h.send_json("w", "human", "hank", json!({"content": "fits", "id": "ok"}))
         .await;
     let out = h.settle("w").await;

@@ -367,6 +367,40 @@ async fn json_logs_are_one_object_per_line() {
     assert_eq!(rejection["fields"]["sender"], "alice");
 }
 
+/// Ids and reasons are a client's text: in text logs, a newline in one
+/// must not start a line of its own.
+#[tokio::test]
+async fn client_text_cannot_forge_a_log_line() {
+    let mut h = Harness::start("[log]\nlevel = \"debug\"\n").await;
+    let forged = "m1\n2026-11-22T00:00:00.000000Z  INFO loopguard: FORGED world reset";
+    for _ in 0..2 {
+        // The second is a duplicate: rejected, and logged with its id.
+        h.send_json(
+            "w",
+            "agent",
+            "alice",
+            json!({"content": "same", "id": forged}),
+        )
+        .await;
+    }
+    let out = h.settle("w").await;
+    assert_eq!(out.field("w", "rule"), [json!(null), json!("duplicate")]);
+    h.loopguard.until_logged("message rejected", 1).await;
+    let logs = h.loopguard.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("message rejected") && l.contains("duplicate"))
+        .expect("the rejection's line");
+    assert!(
+        line.contains("FORGED"),
+        "the id is on the rejection's line: {line}"
+    );
+    assert!(
+        !logs.lines().any(|l| l.starts_with("2026-11-22T00:00:00")),
+        "no line of the client's making"
+    );
+}
+
 #[tokio::test]
 async fn core_mode_slow_consumer_drops_are_counted_and_logged() {
     // A one-message subscription buffer and a flood far beyond what the

@@ -125,16 +125,23 @@ proptest! {
 
     #[test]
     fn the_envelope_parser_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..300), header in proptest::option::of(".{0,20}"), max in 0usize..400) {
-        let fallback = header.as_deref().map(envelope::FallbackId::Header);
-        if envelope::parse(&bytes, fallback, max).is_ok() {
+        let fallback = header.as_deref().map(envelope::FallbackId::header).unwrap_or_default();
+        if let Ok(env) = envelope::parse(&bytes, fallback, max) {
             prop_assert!(bytes.len() <= max);
+            // A header that became the id fits with the payload, as JSON
+            // (an id the JSON gave is in the payload already).
+            if let (Some(h), Some(id)) = (&header, &env.id) {
+                if h == id && !h.is_empty() {
+                    prop_assert!(bytes.len() + loopguard::json::escaped_len(h) <= max);
+                }
+            }
         }
     }
 
     #[test]
     fn the_envelope_parser_takes_json_objects_apart(content in ".{0,50}", id in proptest::option::of(".{0,10}"), extra in ".{0,10}") {
         let payload = serde_json::json!({"content": content, "id": id, "x": extra}).to_string();
-        let env = envelope::parse(payload.as_bytes(), None, 10_000).unwrap();
+        let env = envelope::parse(payload.as_bytes(), envelope::FallbackId::default(), 10_000).unwrap();
         prop_assert_eq!(env.content, content);
         prop_assert_eq!(env.id, id);
         prop_assert_eq!(env.fields.get("x").and_then(|v| v.as_str()), Some(extra.as_str()));
@@ -167,7 +174,7 @@ proptest! {
                 let origin = subjects.parse(&format!("chat.raw.{world}.{kind}.{name}"));
                 let payload = serde_json::json!({"content": text, "parent_id": parent}).to_string();
                 for p in [payload.as_bytes(), text.as_bytes()] {
-                    if let Some(decision) = judge.decide(origin.clone(), p, None) {
+                    if let Some(decision) = judge.decide(origin.clone(), p, envelope::FallbackId::default()) {
                         for out in &decision.outbound {
                             assert_safe_subject(&out.subject);
                             prop_assert!(serde_json::from_slice::<serde_json::Value>(&out.payload).is_ok());

@@ -4,7 +4,9 @@
 use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
-use loopguard::{clock::SystemClock, config::Config, judge::Judge, metrics::Metrics};
+use loopguard::{
+    clock::SystemClock, config::Config, envelope::FallbackId, judge::Judge, metrics::Metrics,
+};
 
 fn judge() -> &'static Judge {
     static JUDGE: OnceLock<Judge> = OnceLock::new();
@@ -21,7 +23,7 @@ fuzz_target!(|data: &[u8]| {
     let payload = data.get(split + 1..).unwrap_or(&[]);
     let judge = judge();
     let origin = judge.subjects().parse(&format!("chat.{tail}"));
-    if let Some(decision) = judge.decide(origin, payload, None) {
+    if let Some(decision) = judge.decide(origin, payload, FallbackId::default()) {
         for out in &decision.outbound {
             let rest = out.subject.strip_prefix("chat.").expect("prefix");
             assert!(

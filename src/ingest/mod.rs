@@ -261,12 +261,14 @@ impl Worker {
         message: &Message,
         stable_id: Option<&str>,
     ) -> Vec<Outbound> {
-        let header_id = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
-            .map(|v| FallbackId::Header(v.as_str()));
-        let fallback = header_id.or(stable_id.map(FallbackId::Stable));
+        let fallback = FallbackId {
+            header: message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+                .map(|v| v.as_str()),
+            stable: stable_id,
+        };
         let Some(mut decision) = self.judge.decide(origin, &message.payload, fallback) else {
             return Vec::new();
         };
