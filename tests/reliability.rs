@@ -346,6 +346,42 @@ async fn egress_acks_acknowledge_only_what_the_stream_answered() {
     assert!(logs.contains("no answer from a stream"), "{logs}");
 }
 
+/// The decisions loopguard holds for redeliveries keep the newest once
+/// full (twice `max_ack_pending`): moka's default policy admitted a new
+/// entry only if asked for more often than the one it would evict, so past
+/// the first 20 decisions here none was held, and a redelivered message was
+/// decided afresh, as a duplicate of itself, and its copy never stored.
+#[tokio::test]
+async fn a_full_replay_still_holds_the_newest_decisions() {
+    let nats = NatsServer::start_jetstream();
+    let (_, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    let config = js_acks_config()
+        .replace("enabled = true\n", "enabled = true\nmax_ack_pending = 10\n")
+        .replace("[rules.duplicate]\nwindow_seconds = 0\n", "");
+    let lg = Loopguard::spawn(&nats.url(), &config);
+    until_ready(&lg).await;
+    publish_messages(&js, 0..60).await;
+    until_ingest_acknowledged(&js, &lg).await;
+
+    within("delete the egress stream", js.delete_stream("EGRESS"))
+        .await
+        .expect("deleted");
+    publish_messages(&js, 60..70).await;
+    // Unanswered, so unacknowledged; then redelivered after `ack_wait`
+    // (2 s), while the stream is still gone.
+    lg.until_logged("no answer from a stream", 1).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    egress_stream(&js).await;
+    until_ingest_acknowledged(&js, &lg).await;
+    assert_eq!(
+        stream_messages(&js, "EGRESS").await,
+        10,
+        "each redelivered message republished from its decision\n{}",
+        lg.logs()
+    );
+}
+
 /// A stream that stores without answering (`no_ack`) cannot confirm a
 /// copy: it is not used for `egress_acks`, and its family is flushed.
 #[tokio::test]

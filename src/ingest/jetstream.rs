@@ -38,17 +38,30 @@ pub enum JetStreamError {
 /// stream sequence: a redelivery while the first outputs are not yet
 /// confirmed (in flight, or a NATS outage of any length) republishes them
 /// instead of deciding again (which would see its own earlier approval,
-/// e.g. as a duplicate). Bounded in count (the least recently used go
-/// first); removed once the message is acknowledged with every copy stored
-/// by a stream (`Worker::settle_acks`).
+/// e.g. as a duplicate). Bounded (the least recently used go first) to
+/// twice `max_ack_pending` decisions, and to [`REPLAY_BYTES_PER_DECISION`]
+/// each on average; removed once the message is acknowledged with every
+/// copy stored by a stream (`Worker::settle_acks`).
 #[derive(Clone)]
 pub struct Replay(moka::sync::Cache<u64, Arc<[Outbound]>>);
+
+/// What a decision may hold on average in [`Replay`]. A decision is
+/// weighed at its copies' bytes but at least this, so typical ones are
+/// bounded by count and large ones by bytes: without it, 20,000 (the
+/// default) human messages of 64 KiB of control characters held about 8 GB.
+pub const REPLAY_BYTES_PER_DECISION: u32 = 4096;
 
 impl Replay {
     pub fn new(config: &JetStreamConfig) -> Replay {
         Replay(
             moka::sync::Cache::builder()
-                .max_capacity(2 * config.max_ack_pending)
+                .max_capacity(2 * config.max_ack_pending * u64::from(REPLAY_BYTES_PER_DECISION))
+                .weigher(|_, outbound: &Arc<[Outbound]>| weight(outbound))
+                // Least recently used, not moka's default TinyLFU: that
+                // admits a new entry only if it was asked for more often
+                // than the one it would evict, so once full it kept the
+                // oldest decisions and refused every new one.
+                .eviction_policy(moka::policy::EvictionPolicy::lru())
                 .build(),
         )
     }
@@ -66,6 +79,23 @@ impl Replay {
     pub fn insert(&self, sequence: u64, outbound: Arc<[Outbound]>) {
         self.0.insert(sequence, outbound);
     }
+}
+
+/// The bytes a decision holds (payloads, subjects, ids), at least
+/// [`REPLAY_BYTES_PER_DECISION`].
+fn weight(outbound: &[Outbound]) -> u32 {
+    let bytes: usize = outbound
+        .iter()
+        .map(|o| {
+            std::mem::size_of::<Outbound>()
+                + o.payload.len()
+                + o.subject.len()
+                + o.msg_id.as_ref().map_or(0, String::len)
+        })
+        .sum();
+    u32::try_from(bytes)
+        .unwrap_or(u32::MAX)
+        .max(REPLAY_BYTES_PER_DECISION)
 }
 
 /// Creates or verifies the stream, then creates or opens the consumer.
@@ -284,7 +314,45 @@ pub async fn run(
 
 #[cfg(test)]
 mod tests {
-    use super::{covers, overlaps};
+    use super::*;
+
+    fn decision(bytes: usize) -> Arc<[Outbound]> {
+        Arc::from(vec![Outbound {
+            subject: "chat.public.w".into(),
+            msg_id: None,
+            payload: vec![b'x'; bytes].into(),
+            delivery: None,
+        }])
+    }
+
+    #[test]
+    fn replay_is_bounded_by_count_and_by_bytes() {
+        let config = JetStreamConfig {
+            max_ack_pending: 50,
+            ..JetStreamConfig::default()
+        };
+        // Small decisions: twice max_ack_pending of them.
+        let replay = Replay::new(&config);
+        for seq in 0..1000 {
+            replay.insert(seq, decision(100));
+        }
+        replay.0.run_pending_tasks();
+        assert_eq!(replay.0.entry_count(), 100);
+        assert!(replay.get(999).is_some(), "the newest decision is held");
+        // Large ones: 4 KiB each on average, so 400 KiB of 64 KiB ones.
+        let replay = Replay::new(&config);
+        for seq in 0..1000 {
+            replay.insert(seq, decision(64 * 1024));
+        }
+        replay.0.run_pending_tasks();
+        assert!(
+            replay.0.weighted_size() <= 100 * 4096,
+            "{}",
+            replay.0.weighted_size()
+        );
+        assert!(replay.0.entry_count() >= 5, "the newest stay");
+        assert!(replay.get(999).is_some());
+    }
 
     #[test]
     fn stream_subjects_cover_what_they_should() {
