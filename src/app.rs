@@ -340,9 +340,9 @@ async fn open_jetstream(
     }
 }
 
-/// Says whether every copy fits in the largest message the server takes
-/// (`max_payload`): a copy that does not is refused, and counted as a
-/// `publish_error` drop. Checked once connected, and again whenever the
+/// Says whether every message loopguard publishes (copies, events) fits in
+/// the largest the server takes (`max_payload`): one that does not is
+/// refused, and counted as a `publish_error` drop. Checked once connected, and again whenever the
 /// server's figure (a reconnect to another server) or the payload limit (a
 /// reload) changes; async-nats announces neither, so it looks once a second.
 async fn check_max_payload(
@@ -371,28 +371,28 @@ async fn check_max_payload(
             continue;
         }
         checked = Some((server, limit));
-        let largest = judge::largest_copy(limit);
+        let largest = judge::largest_output(limit);
         let fits = judge::payload_limit_for(server);
         if largest <= server {
             tracing::info!(
                 server_max_payload = server,
-                largest_copy = largest,
-                "every copy fits in the server's max_payload"
+                largest_output = largest,
+                "every message loopguard publishes fits in the server's max_payload"
             );
         } else if fits == 0 {
             tracing::warn!(
                 server_max_payload = server,
-                largest_copy = largest,
-                "a copy can be larger than the server's max_payload, and would be dropped \
+                largest_output = largest,
+                "a copy or event can be larger than the server's max_payload, and would be dropped \
                  (publish_error): raise the server's max_payload"
             );
         } else {
             tracing::warn!(
                 server_max_payload = server,
-                largest_copy = largest,
+                largest_output = largest,
                 limits.max_payload_bytes = limit,
                 fits,
-                "a copy can be larger than the server's max_payload, and would be dropped \
+                "a copy or event can be larger than the server's max_payload, and would be dropped \
                  (publish_error): lower limits.max_payload_bytes to `fits` or raise the \
                  server's max_payload"
             );

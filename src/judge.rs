@@ -22,7 +22,7 @@ use crate::envelope::{self, EnvelopeError, FallbackId};
 use crate::events;
 use crate::json;
 use crate::metrics::{Handoff, Metrics, Outcome};
-use crate::names::Name;
+use crate::names::{Name, MAX_NAME_LEN};
 use crate::normalize::{normalize_into, substance_into};
 use crate::routing::{self, Route, Visibility};
 use crate::rules::{self, pass, Candidate, Context, Rejection, RuleName};
@@ -787,25 +787,35 @@ fn new_id() -> String {
 /// What an egress copy (its JSON and `Nats-Msg-Id` header) holds beyond
 /// six times the payload limit, at most: loopguard's keys, names (≤ 64
 /// bytes), a remembered thread and parent id (≤ 256 bytes each, up to six
-/// times that in JSON: 3,072), the time, the header.
+/// times that in JSON: 3,072), the time, the header (its destination, and a
+/// JetStream stable id: a stream name ≤ 255 bytes and a sequence).
 const COPY_OVERHEAD: usize = 4096;
 
-/// The largest egress copy, in bytes as the server counts them, that a
-/// message within `max_payload_bytes` can make: plain text of control
-/// characters, each written as the six bytes `\u00XX`. (Anything else
-/// grows less: a JSON payload's content is written as it came, once more
-/// at most when it came as `text`; a header id counts toward the limit at
-/// its length in JSON, and is written twice at most.)
-pub fn largest_copy(max_payload_bytes: usize) -> usize {
-    max_payload_bytes
+/// What an event holds beyond the message's id (within the payload limit):
+/// `delivered_to` naming up to every roster agent's inbox (1,024 ×
+/// `"private.<name ≤ 64>",`), a reason of up to 500 characters from the
+/// policy service (six bytes each at most in JSON), loopguard's fields.
+const EVENT_OVERHEAD: usize = state::MAX_AGENTS * (MAX_NAME_LEN + 11) + 4096;
+
+/// The largest message loopguard publishes, in bytes as the server counts
+/// them, for ingress messages within `max_payload_bytes`: a copy of plain
+/// text of control characters, each written as the six bytes `\u00XX`, or
+/// an event delivering to a full roster. (Anything else grows less: a JSON
+/// payload's content is written as it came, once more at most when it came
+/// as `text`; a header id counts toward the limit at its length in JSON,
+/// and is written twice at most.)
+pub fn largest_output(max_payload_bytes: usize) -> usize {
+    let copy = max_payload_bytes
         .saturating_mul(6)
-        .saturating_add(COPY_OVERHEAD)
+        .saturating_add(COPY_OVERHEAD);
+    copy.max(max_payload_bytes.saturating_add(EVENT_OVERHEAD))
 }
 
-/// The largest `limits.max_payload_bytes` whose copies all fit in
-/// `server_max_payload` (the inverse of [`largest_copy`]).
+/// The largest `limits.max_payload_bytes` whose outputs all fit in
+/// `server_max_payload` (the inverse of [`largest_output`]).
 pub fn payload_limit_for(server_max_payload: usize) -> usize {
-    server_max_payload.saturating_sub(COPY_OVERHEAD) / 6
+    let copies = server_max_payload.saturating_sub(COPY_OVERHEAD) / 6;
+    copies.min(server_max_payload.saturating_sub(EVENT_OVERHEAD))
 }
 
 /// The id of an `invalid` or `too_large` message's event: its fallback
@@ -1002,11 +1012,12 @@ mod tests {
         }
     }
 
-    /// The copies of the largest messages, as the server counts them
-    /// (payload and header), stay within `largest_copy`, and the bound is
-    /// close: plain text of control characters reaches six times the limit.
+    /// The largest copies and events, as the server counts them (payload
+    /// and header), stay within `largest_output`, and the bound is close:
+    /// plain text of control characters reaches six times the limit, an
+    /// event of a broadcast to a full roster names 1,024 inboxes.
     #[test]
-    fn no_copy_is_larger_than_largest_copy_says() {
+    fn no_copy_is_larger_than_largest_output_says() {
         const MAX: usize = 4096;
         let rig = Rig::new(|c| {
             c.limits.max_payload_bytes = MAX;
@@ -1046,7 +1057,26 @@ mod tests {
             // Counted raw, this header would make copies of 12 × MAX.
             ("human", &human, b"", Some(&control)),
         ];
-        let mut largest = 0;
+        let (mut largest_copy, mut largest_event) = (0, 0);
+        let mut measure = |d: &Decision| {
+            for out in &d.outbound {
+                let header = out
+                    .msg_id
+                    .as_ref()
+                    .map_or(0, |id| "NATS/1.0\r\nNats-Msg-Id: \r\n\r\n".len() + id.len());
+                let size = out.payload.len() + header;
+                assert!(
+                    size <= largest_output(MAX),
+                    "{size} bytes to {}",
+                    out.subject
+                );
+                let largest = match out.delivery {
+                    Some(_) => &mut largest_copy,
+                    None => &mut largest_event,
+                };
+                *largest = size.max(*largest);
+            }
+        };
         for (kind, sender, payload, header) in cases {
             let d = decide(kind, sender, payload, header);
             let expected = match header {
@@ -1054,22 +1084,32 @@ mod tests {
                 _ => Outcome::Approved,
             };
             assert_eq!(d.outcome, expected, "{}", d.reason);
-            for out in &d.outbound {
-                let header = out
-                    .msg_id
-                    .as_ref()
-                    .map_or(0, |id| "NATS/1.0\r\nNats-Msg-Id: \r\n\r\n".len() + id.len());
-                let size = out.payload.len() + header;
-                assert!(size <= largest_copy(MAX), "{size} bytes to {}", out.subject);
-                largest = largest.max(size);
-            }
+            measure(&d);
         }
+        // A full roster of the longest names, then a human's broadcast: its
+        // event names every inbox.
+        for i in 0..state::MAX_AGENTS {
+            let origin = rig
+                .judge
+                .subjects()
+                .parse(&format!("chat.join.{world}.{i:0>64}"));
+            assert!(rig
+                .judge
+                .decide(origin, b"", FallbackId::default())
+                .is_none());
+        }
+        let d = decide("human", &human, b"hi", None);
+        assert_eq!(d.delivered_to.len(), state::MAX_AGENTS + 1);
+        measure(&d);
         assert!(
-            largest > 6 * MAX + 3000,
-            "the bound is nearly reached: {largest}"
+            largest_copy > 6 * MAX + 3000,
+            "nearly the bound: {largest_copy}"
         );
-        assert_eq!(payload_limit_for(largest_copy(MAX)), MAX);
-        assert!(largest_copy(payload_limit_for(1 << 20) + 1) > 1 << 20);
+        assert!(largest_event > 75_000, "nearly the bound: {largest_event}");
+        for max in [MAX, 1 << 20] {
+            assert_eq!(payload_limit_for(largest_output(max)), max);
+            assert!(largest_output(payload_limit_for(max) + 1) > max);
+        }
     }
 
     /// A header id too large for the event gives way to the stable id

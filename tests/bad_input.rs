@@ -97,7 +97,10 @@ async fn a_header_id_is_counted_with_the_payload_it_names() {
     );
     // With the default limits and server, every copy fits, and it says so.
     h.loopguard
-        .until_logged("every copy fits in the server's max_payload", 1)
+        .until_logged(
+            "every message loopguard publishes fits in the server's max_payload",
+            1,
+        )
         .await;
     assert!(!h
         .loopguard
@@ -365,20 +368,23 @@ async fn subjects_and_headers_that_are_not_utf8_cost_loopguard_nothing() {
 async fn a_copy_the_server_cannot_take_is_a_drop_not_a_delivery() {
     let dir = tempfile::tempdir().expect("temp dir");
     let conf = dir.path().join("nats.conf");
-    std::fs::write(&conf, "max_payload: 16384\n").expect("server config");
+    std::fs::write(&conf, "max_payload: 131072\n").expect("server config");
     let nats = NatsServer::start_with(&["-c", conf.to_str().expect("path")]);
-    let config = "[limits]\nmax_payload_bytes = 4096\n[rules.duplicate]\nwindow_seconds = 0\n";
+    let config = "[limits]\nmax_payload_bytes = 32768\n[rules.duplicate]\nwindow_seconds = 0\n";
     let mut h = Harness::start_on(nats, config).await;
-    // Said at start-up: 4 KiB of control characters is a 24 KiB copy; 2 KiB
-    // would fit ((16384 - 4096) / 6).
+    // Said at start-up: 32 KiB of control characters is a 192 KiB copy;
+    // ((131072 - 4096) / 6) would fit.
     h.loopguard
-        .until_logged("a copy can be larger than the server's max_payload", 1)
+        .until_logged(
+            "a copy or event can be larger than the server's max_payload",
+            1,
+        )
         .await;
     assert!(
-        h.loopguard.logs().contains("fits=2048"),
+        h.loopguard.logs().contains("fits=21162"),
         "with the limit that fits"
     );
-    h.send("w", "human", "hank", vec![1u8; 4000]).await;
+    h.send("w", "human", "hank", vec![1u8; 32_000]).await;
     h.send_json("w", "human", "hank", json!({"content": "fits", "id": "ok"}))
         .await;
     let out = h.settle("w").await;

@@ -53,10 +53,16 @@ pub const REPLAY_BYTES_PER_DECISION: u32 = 4096;
 
 impl Replay {
     pub fn new(config: &JetStreamConfig) -> Replay {
+        let capacity = config
+            .max_ack_pending
+            .saturating_mul(2 * u64::from(REPLAY_BYTES_PER_DECISION));
+        // moka refuses an entry heavier than the whole cache: one that large
+        // is weighed as the whole, and held alone.
+        let heaviest = u32::try_from(capacity).unwrap_or(u32::MAX);
         Replay(
             moka::sync::Cache::builder()
-                .max_capacity(2 * config.max_ack_pending * u64::from(REPLAY_BYTES_PER_DECISION))
-                .weigher(|_, outbound: &Arc<[Outbound]>| weight(outbound))
+                .max_capacity(capacity)
+                .weigher(move |_, outbound: &Arc<[Outbound]>| weight(outbound).min(heaviest))
                 // Least recently used, not moka's default TinyLFU: that
                 // admits a new entry only if it was asked for more often
                 // than the one it would evict, so once full it kept the
@@ -82,17 +88,20 @@ impl Replay {
 }
 
 /// The bytes a decision holds (payloads, subjects, ids), at least
-/// [`REPLAY_BYTES_PER_DECISION`].
+/// [`REPLAY_BYTES_PER_DECISION`]. A message's copies share one body, next
+/// to each other: it counts once.
 fn weight(outbound: &[Outbound]) -> u32 {
-    let bytes: usize = outbound
-        .iter()
-        .map(|o| {
-            std::mem::size_of::<Outbound>()
-                + o.payload.len()
-                + o.subject.len()
-                + o.msg_id.as_ref().map_or(0, String::len)
-        })
-        .sum();
+    let mut bytes = 0;
+    let mut previous: Option<&bytes::Bytes> = None;
+    for o in outbound {
+        bytes += std::mem::size_of::<Outbound>()
+            + o.subject.len()
+            + o.msg_id.as_ref().map_or(0, String::len);
+        if previous.is_none_or(|p| p.as_ptr() != o.payload.as_ptr()) {
+            bytes += o.payload.len();
+        }
+        previous = Some(&o.payload);
+    }
     u32::try_from(bytes)
         .unwrap_or(u32::MAX)
         .max(REPLAY_BYTES_PER_DECISION)
@@ -352,6 +361,31 @@ mod tests {
         );
         assert!(replay.0.entry_count() >= 5, "the newest stay");
         assert!(replay.get(999).is_some());
+        // Heavier than the whole: held, alone.
+        replay.insert(1000, decision(1 << 20));
+        replay.0.run_pending_tasks();
+        assert!(replay.get(1000).is_some());
+    }
+
+    #[test]
+    fn copies_sharing_a_body_weigh_it_once() {
+        let body = bytes::Bytes::from(vec![b'x'; 100_000]);
+        let copy = |subject: &str| Outbound {
+            subject: subject.into(),
+            msg_id: Some("id".into()),
+            payload: body.clone(),
+            delivery: None,
+        };
+        let broadcast: Vec<Outbound> = (0..100).map(|i| copy(&format!("s{i}"))).collect();
+        let one = weight(&broadcast[..1]);
+        assert!(one >= 100_000);
+        assert!(
+            weight(&broadcast) < one + 100 * 200,
+            "{}",
+            weight(&broadcast)
+        );
+        let apart = [decision(100_000)[0].clone(), decision(100_000)[0].clone()];
+        assert!(weight(&apart) >= 200_000);
     }
 
     #[test]
