@@ -958,12 +958,24 @@ impl Config {
         for (raw, section) in &self.worlds {
             let key = format!("worlds.{raw}");
             let world = Name::parse(raw).map_err(|e| invalid(&key, format!("world name {e}")))?;
-            let mut agents = Vec::new();
+            let mut agents: Vec<Name> = Vec::new();
             for agent in &section.agents {
                 let name = Name::parse(agent).map_err(|e| {
                     invalid(format!("{key}.agents"), format!("agent {agent:?} {e}"))
                 })?;
-                agents.push(name);
+                if !agents.contains(&name) {
+                    agents.push(name);
+                }
+            }
+            if agents.len() > crate::state::MAX_AGENTS {
+                return Err(invalid(
+                    format!("{key}.agents"),
+                    format!(
+                        "lists {} agents; a world's roster holds at most {}",
+                        agents.len(),
+                        crate::state::MAX_AGENTS
+                    ),
+                ));
             }
             let rules = merge_rules(&self.rules, &section.rules)
                 .map_err(|e| invalid(format!("{key}.rules"), e))?;
@@ -1308,6 +1320,24 @@ mod tests {
 
     fn error_of(toml: &str, env: &[(&str, &str)]) -> String {
         load_toml(toml, env).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_world_lists_at_most_a_full_roster_of_distinct_agents() {
+        let list = |n: usize| {
+            let names: Vec<String> = (0..n).map(|i| format!("\"a{i}\"")).collect();
+            format!("[worlds.w]\nagents = [{}]\n", names.join(","))
+        };
+        let too_many = error_of(&list(crate::state::MAX_AGENTS + 1), &[]);
+        assert!(
+            too_many.contains("worlds.w.agents") && too_many.contains("1025"),
+            "{too_many}"
+        );
+        let full = load_toml(&list(crate::state::MAX_AGENTS), &[]).unwrap();
+        assert_eq!(full.world(&Name::parse("w").unwrap()).agents.len(), 1024);
+        // The same name twice (in any case) is one agent.
+        let twice = load_toml("[worlds.w]\nagents = [\"Bob\", \"bob\"]\n", &[]).unwrap();
+        assert_eq!(twice.world(&Name::parse("w").unwrap()).agents.len(), 1);
     }
 
     #[test]

@@ -23,15 +23,17 @@ pub fn report(
     let world = d.world.as_ref().map_or("", |w| w.as_str());
     let rule = d.rule.map_or("", RuleName::as_str);
     // The id and a reason (a policy service's own words) are a client's
-    // text: logged with their control characters escaped, so a newline
-    // cannot start a forged line (JSON logs escape them anyway).
+    // text: recorded as strings, which the text format writes quoted and
+    // escaped (a newline cannot start a forged line, a space cannot fake a
+    // field) and the JSON format as JSON strings.
+    let (id, reason) = (d.id.as_str(), &*d.reason);
     match d.outcome {
         Outcome::Rejected => tracing::debug!(
             world, sender = %d.sender, kind = d.kind.map_or("", SenderKind::as_str),
-            id = %d.id.escape_debug(), rule, reason = %d.reason.escape_debug(), "message rejected"
+            id, rule, reason, "message rejected"
         ),
         _ => {
-            tracing::trace!(world, sender = %d.sender, id = %d.id.escape_debug(), outcome = d.outcome.as_str(), "message delivered")
+            tracing::trace!(world, sender = %d.sender, id, outcome = d.outcome.as_str(), "message delivered")
         }
     }
     if let Some(handoff) = d.handoff {

@@ -319,6 +319,15 @@ impl WorldState {
                 }
             }
         }
+        // Newly pinned agents may overfill a full roster: the least
+        // recently seen unpinned ones leave (config lists at most
+        // MAX_AGENTS, so this ends).
+        while self.agents.len() > MAX_AGENTS {
+            let Some(oldest) = self.least_recently_seen_unpinned() else {
+                break;
+            };
+            self.agents.remove(oldest.as_str());
+        }
         if settings.rules.alternation.max_cycles == 0 {
             // Off keeps no speaker history: turned on again, the rule counts
             // from then, never across turns it did not see.
@@ -360,13 +369,7 @@ impl WorldState {
             return;
         }
         if self.agents.len() >= MAX_AGENTS {
-            let oldest = self
-                .agents
-                .iter()
-                .filter(|(_, a)| !a.pinned)
-                .min_by_key(|(_, a)| a.last_seen)
-                .map(|(n, _)| n.clone());
-            match oldest {
+            match self.least_recently_seen_unpinned() {
                 Some(n) => {
                     self.agents.remove(n.as_str());
                 }
@@ -374,6 +377,14 @@ impl WorldState {
             }
         }
         self.agents.insert(name.clone(), Agent::new(false, now));
+    }
+
+    fn least_recently_seen_unpinned(&self) -> Option<Name> {
+        self.agents
+            .iter()
+            .filter(|(_, a)| !a.pinned)
+            .min_by_key(|(_, a)| a.last_seen)
+            .map(|(n, _)| n.clone())
     }
 
     /// Where a message with these ids sits (contract §5.3). `own_id` starts
@@ -1189,6 +1200,32 @@ mod tests {
         assert!(w
             .roster_get(&format!("a{}", MAX_AGENTS + 4), later)
             .is_some());
+    }
+
+    /// A reload that pins new agents on a full roster keeps it at the cap:
+    /// the least recently seen unpinned agents make room.
+    #[test]
+    fn agents_pinned_by_a_reload_do_not_overfill_the_roster() {
+        let (mut w, t0) = world(&[]);
+        for i in 0..MAX_AGENTS {
+            w.touch_agent(
+                &name(&format!("a{i}")),
+                t0 + Duration::from_millis(i as u64),
+            );
+        }
+        let pinned: Vec<Name> = (0..10).map(|i| name(&format!("p{i}"))).collect();
+        let settings = Arc::new(WorldSettings {
+            agents: pinned.clone(),
+            rules: RulesConfig::default(),
+        });
+        let later = t0 + Duration::from_secs(1);
+        w.apply_settings(&settings, later);
+        assert_eq!(w.roster(later).len(), MAX_AGENTS);
+        for p in &pinned {
+            assert!(w.roster_get(p.as_str(), later).is_some(), "{p}");
+        }
+        assert!(w.roster_get("a0", later).is_none(), "the oldest left");
+        assert!(w.roster_get("a10", later).is_some());
     }
 
     #[test]

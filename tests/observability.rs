@@ -372,7 +372,7 @@ async fn json_logs_are_one_object_per_line() {
 #[tokio::test]
 async fn client_text_cannot_forge_a_log_line() {
     let mut h = Harness::start("[log]\nlevel = \"debug\"\n").await;
-    let forged = "m1\n2026-11-22T00:00:00.000000Z  INFO loopguard: FORGED world reset";
+    let forged = "m1 rule=none\n2026-11-22T00:00:00.000000Z  INFO loopguard: FORGED world reset";
     for _ in 0..2 {
         // The second is a duplicate: rejected, and logged with its id.
         h.send_json(
@@ -392,8 +392,8 @@ async fn client_text_cannot_forge_a_log_line() {
         .find(|l| l.contains("message rejected") && l.contains("duplicate"))
         .expect("the rejection's line");
     assert!(
-        line.contains("FORGED"),
-        "the id is on the rejection's line: {line}"
+        line.contains(r#"id="m1 rule=none\n2026-11-22T00:00:00"#),
+        "the id is on the rejection's line, quoted and escaped: {line}"
     );
     assert!(
         !logs.lines().any(|l| l.starts_with("2026-11-22T00:00:00")),
