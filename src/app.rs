@@ -342,9 +342,10 @@ async fn open_jetstream(
 
 /// Says whether every message loopguard publishes (copies, events) fits in
 /// the largest the server takes (`max_payload`): one that does not is
-/// refused, and counted as a `publish_error` drop. Checked once connected, and again whenever the
-/// server's figure (a reconnect to another server) or the payload limit (a
-/// reload) changes; async-nats announces neither, so it looks once a second.
+/// refused, and counted as a `publish_error` drop. Checked once connected,
+/// and again whenever the server's figure (a reconnect to another server)
+/// or the payload limit (a reload) changes; async-nats announces neither,
+/// so it looks once a second.
 async fn check_max_payload(
     client: async_nats::Client,
     judge: Arc<Judge>,
