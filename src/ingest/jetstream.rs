@@ -47,9 +47,10 @@ pub struct Replay(moka::sync::Cache<u64, Arc<[Outbound]>>);
 
 /// What a decision may hold on average in [`Replay`]. A decision is
 /// weighed at its copies' bytes but at least this, so typical ones are
-/// bounded by count and large ones by bytes: without it, 20,000 (the
-/// default) human messages of 64 KiB of control characters held about 8 GB.
-pub const REPLAY_BYTES_PER_DECISION: u32 = 4096;
+/// bounded by count and large ones by bytes: bounded by count alone,
+/// 20,000 (the default) human messages of 64 KiB of control characters
+/// could hold about 8 GB (estimated from their copies' size).
+const REPLAY_BYTES_PER_DECISION: u32 = 4096;
 
 impl Replay {
     pub fn new(config: &JetStreamConfig) -> Replay {
