@@ -1017,7 +1017,7 @@ mod tests {
     /// plain text of control characters reaches six times the limit, an
     /// event of a broadcast to a full roster names 1,024 inboxes.
     #[test]
-    fn no_copy_is_larger_than_largest_output_says() {
+    fn no_output_is_larger_than_largest_output_says() {
         const MAX: usize = 4096;
         let rig = Rig::new(|c| {
             c.limits.max_payload_bytes = MAX;
