@@ -32,6 +32,7 @@ fn config(events: bool, optional: bool) -> Config {
     let mut c = Config::default();
     c.events.approved = events;
     c.state.max_worlds = 200_000;
+    c.state.max_bytes = 8 << 30; // every world held: deciding, not evicting
     c.rules.cooldown.seconds = 1;
     c.rules.rate.max = 1000;
     if optional {

@@ -613,10 +613,22 @@ struct Row {
     max: Outcome,
     common: Outcome,
     cpu_us: Option<f64>,
-    rss: Option<f64>,
+    rss: Option<PeakRss>,
     dropped: f64,
     /// One line per step of the rate search, with where the CPU went.
     steps: Vec<String>,
+}
+
+/// The highest resident memory a relay reached in a step that passed, and
+/// how many turns each world had taken by the end of that step. loopguard
+/// holds each world's history, which grows with every turn (and in steps,
+/// as every world's maps and queues reach a power of two at the same
+/// turn), so its peak depends on how many messages the steps before sent,
+/// failed ones included.
+#[derive(Clone, Copy)]
+struct PeakRss {
+    mib: f64,
+    turns: u64,
 }
 
 async fn measure(
@@ -655,7 +667,7 @@ async fn measure(
     // twice (to ~6%).
     let mut best: Option<Outcome> = None;
     // Peak memory and slow-consumer drops over the steps that passed.
-    let (mut rss, mut dropped) = (None::<f64>, 0.0);
+    let (mut rss, mut dropped) = (None::<PeakRss>, 0.0);
     let mut dropped_so_far = match &relay {
         Some(r) => r.dropped().await?,
         None => 0.0,
@@ -673,7 +685,10 @@ async fn measure(
         let o = send(url, setup, rate, rate * STEP.as_secs(), &mut next).await?;
         let step_rss = sampler.map(|(peak, task)| {
             task.abort();
-            peak.load(Ordering::Relaxed) as f64 / 1024.0
+            PeakRss {
+                mib: peak.load(Ordering::Relaxed) as f64 / 1024.0,
+                turns: next / WORLDS,
+            }
         });
         let step_dropped = match &relay {
             Some(r) => {
@@ -703,8 +718,8 @@ async fn measure(
         steps.push(step);
         if passed {
             rss = match (rss, step_rss) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
+                (Some(a), Some(b)) if a.mib >= b.mib => Some(a),
+                (a, b) => b.or(a),
             };
             dropped += step_dropped;
             best = Some(o);
@@ -1009,7 +1024,7 @@ async fn main() -> Result<(), Error> {
     };
     println!("loopguard: {build}.");
     println!("Workload: {WORLDS} worlds × {AGENTS} agents, a human message after every 4 agent messages, @mentions, ~200-byte unique contents, 10% duplicates (loopguard approves ~90%). loopguard runs the contract's six rules (its own optional rules off, as by default), and in (c3) its optional rules too. Steps of {}s; sustained = loss < 0.1% and p99 < 50 ms; latency at {COMMON_RATE} msg/s.\n", STEP.as_secs());
-    println!("| set-up | max sustained msg/s | p50 ms | p99 ms | p99.9 ms | relay CPU µs/msg | relay peak RSS MiB | loopguard drops |");
+    println!("| set-up | max sustained msg/s | p50 ms | p99 ms | p99.9 ms | relay CPU µs/msg | relay peak RSS MiB (at turn) | loopguard drops |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!(
@@ -1020,7 +1035,8 @@ async fn main() -> Result<(), Error> {
             ms(r.common.p99),
             ms(r.common.p999),
             r.cpu_us.map_or("—".into(), |c| format!("{c:.2}")),
-            r.rss.map_or("—".into(), |m| format!("{m:.1}")),
+            r.rss
+                .map_or("—".into(), |p| format!("{:.1} ({})", p.mib, p.turns)),
             if r.setup.is_loopguard() {
                 format!("{}", r.dropped as u64)
             } else {
@@ -1028,6 +1044,8 @@ async fn main() -> Result<(), Error> {
             }
         );
     }
+    println!();
+    println!("Peak RSS is the highest over the steps that passed; the turn in brackets is how many messages each world had been sent by the end of that step (warm-up and failed steps included): loopguard keeps each world's recent history, so its memory grows with the turns, not with the rate.");
     let get = |s: Setup| rows.iter().find(|r| r.setup == s);
     // A subset (BENCH_ONLY) has no ratios.
     if let (Some(b), Some(c1), Some(c2)) = (

@@ -40,6 +40,7 @@ const WARM_WORLDS: u64 = 1000;
 fn child(worlds: u64, turns: u64) {
     let mut c = Config::default();
     c.state.max_worlds = worlds * 2;
+    c.state.max_bytes = 1 << 40; // every world held
     let judge = Judge::new(
         Arc::new(c.validate().expect("default config is valid")),
         Arc::new(SystemClock),

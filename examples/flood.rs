@@ -1,5 +1,7 @@
 //! `make memory`: floods a running loopguard with unique worlds, agents,
-//! threads and contents, and prints its resident memory after each phase.
+//! threads and contents, and worlds of the longest ids, and prints the
+//! state it weighs (`loopguard_state_bytes`) and its resident memory after
+//! each phase.
 //!
 //! usage: flood <nats-url> <loopguard-pid> <loopguard-http-addr> <max_worlds>
 //!
@@ -94,9 +96,10 @@ impl Flood {
         self.wait_decided(self.expected).await?;
         let m = metrics(&self.addr).await?;
         println!(
-            "| {label:<44} | {:>9} | {:>8} | {:>8.1} | {:>6.1}s |",
+            "| {label:<44} | {:>9} | {:>8} | {:>9.1} | {:>8.1} | {:>6.1}s |",
             self.sent,
             total(&m, "loopguard_worlds"),
+            total(&m, "loopguard_state_bytes") / 1048576.0,
             rss_kib(self.pid)? as f64 / 1024.0,
             self.started.elapsed().as_secs_f64()
         );
@@ -150,14 +153,15 @@ async fn main() -> Result<(), Error> {
         started: Instant::now(),
     };
     println!(
-        "| {:<44} | {:>9} | {:>8} | {:>8} | {:>7} |",
-        "phase", "messages", "worlds", "RSS MiB", "time"
+        "| {:<44} | {:>9} | {:>8} | {:>9} | {:>8} | {:>7} |",
+        "phase", "messages", "worlds", "state MiB", "RSS MiB", "time"
     );
     println!(
-        "|{}|{}|{}|{}|{}|",
+        "|{}|{}|{}|{}|{}|{}|",
         "-".repeat(46),
         "-".repeat(11),
         "-".repeat(10),
+        "-".repeat(11),
         "-".repeat(10),
         "-".repeat(9)
     );
@@ -206,5 +210,29 @@ async fn main() -> Result<(), Error> {
         )
     })
     .await?;
+    // Worlds as large as a client can make them: human messages (always
+    // approved) with 256-byte ids and thread ids, each held until a world's
+    // 1024 remembered messages. state.max_bytes bounds them, not max_worlds.
+    let mut long_sent = 0;
+    for total in [250_000u64, 500_000, 1_000_000, 2_000_000] {
+        let base = long_sent;
+        f.phase(
+            &format!("1000 worlds, 256-byte ids: {total} messages"),
+            total - base,
+            None,
+            move |i| {
+                let n = base + i;
+                (
+                    format!("chat.raw.long{}.human.h", n % 1000),
+                    format!(
+                        "{{\"content\":\"hi\",\"id\":\"{n:0>256}\",\"thread_id\":\"{:0>256}\"}}",
+                        n + 1
+                    ),
+                )
+            },
+        )
+        .await?;
+        long_sent = total;
+    }
     Ok(())
 }

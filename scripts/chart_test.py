@@ -158,7 +158,7 @@ def main():
         ok(f"{name}: ConfigMap TOML passes loopguard --check")
     full_toml = by_kind(rendered["full"][1], "ConfigMap")["data"]["loopguard.toml"]
     for expected in ['[worlds."lobby"]', 'agents = ["alice", "bob"]', "rules.turns.max = 10", 'prefix = "acme.chat"', 'mode = "observe"',
-                     "threshold = 0.6", "max_worlds = 50000", "subscription_capacity = 131072",
+                     "threshold = 0.6", "max_worlds = 50000", "max_bytes = 134217728", "subscription_capacity = 131072",
                      "[nats.jetstream]", "enabled = true", "ack_wait_seconds = 60", "egress_acks = true"]:
         if expected not in full_toml:
             fail(f"full values: {expected!r} missing from the TOML:\n{full_toml}")

@@ -170,6 +170,11 @@ pub fn handle(admin: &Admin, req: Request<Incoming>) -> Reply {
     match (req.method(), segments.as_slice()) {
         (&Method::GET, ["metrics"]) => {
             admin.metrics.worlds.set(admin.judge.worlds().len() as i64);
+            let bytes = admin.judge.worlds().bytes();
+            admin
+                .metrics
+                .state_bytes
+                .set(bytes.try_into().unwrap_or(i64::MAX));
             admin.metrics.set_worlds_by_state(worlds_by_state(admin));
             admin
                 .metrics

@@ -439,6 +439,10 @@ impl Default for LimitsConfig {
 pub struct StateConfig {
     /// Most worlds held at once; the least recently used are evicted beyond it.
     pub max_worlds: u64,
+    /// Most bytes of world state held at once (each world weighed by what
+    /// it holds, and at least `max_bytes / max_worlds`); the least recently
+    /// used worlds are evicted beyond it.
+    pub max_bytes: u64,
     /// A world (or roster entry) untouched this long may be forgotten.
     pub idle_seconds: u64,
     /// Recent delivered messages kept per world for
@@ -450,6 +454,7 @@ impl Default for StateConfig {
     fn default() -> Self {
         StateConfig {
             max_worlds: 100_000,
+            max_bytes: 256 << 20,
             idle_seconds: 3600,
             context_messages: 0,
         }
@@ -924,6 +929,12 @@ impl Config {
         }
         if self.state.max_worlds == 0 {
             return Err(invalid("state.max_worlds", "must be at least 1"));
+        }
+        if self.state.max_bytes < crate::state::MIN_STATE_BYTES {
+            return Err(invalid(
+                "state.max_bytes",
+                format!("must be at least {} (1 MiB)", crate::state::MIN_STATE_BYTES),
+            ));
         }
         if !(1..=86_400).contains(&self.conversation.window_seconds) {
             return Err(invalid("conversation.window_seconds", "must be 1 to 86400"));

@@ -342,6 +342,7 @@ impl Judge {
                 let mut w = state::lock(&handle);
                 w.apply_settings(ws, now);
                 w.touch_agent(&agent, now);
+                self.worlds.weigh(&world, &handle, w.footprint());
                 return None;
             }
             Origin::Invalid {
@@ -508,6 +509,9 @@ impl Judge {
         let handle = self.worlds.get_or_create(&world, ws, now);
         let mut w = state::lock(&handle);
         w.apply_settings(ws, now);
+        // What the world holds after its last message (this one's share is
+        // weighed with the next).
+        self.worlds.weigh(&world, &handle, w.footprint());
         let limits = &ws.rules;
         let is_agent = kind == SenderKind::Agent;
         if is_agent {

@@ -21,6 +21,7 @@ pub struct Metrics {
     counters: Arc<Counters>,
     pub decision_duration: Histogram,
     pub worlds: IntGauge,
+    pub state_bytes: IntGauge,
     pub nats_connected: IntGauge,
     pub nats_reconnects: IntCounter,
     /// 1 while `/readyz` answers 200; what "not ready" alerts watch.
@@ -171,6 +172,11 @@ impl Metrics {
         .expect("static histogram");
         let worlds =
             IntGauge::new("loopguard_worlds", "Worlds held in state.").expect("static gauge");
+        let state_bytes = IntGauge::new(
+            "loopguard_state_bytes",
+            "Bytes of world state held, as weighed against state.max_bytes.",
+        )
+        .expect("static gauge");
         let nats_connected = IntGauge::new(
             "loopguard_nats_connected",
             "1 while connected to NATS, else 0.",
@@ -257,6 +263,7 @@ impl Metrics {
         for c in [
             Box::new(decision_duration.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(worlds.clone()),
+            Box::new(state_bytes.clone()),
             Box::new(nats_connected.clone()),
             Box::new(nats_reconnects.clone()),
             Box::new(ready.clone()),
@@ -276,6 +283,7 @@ impl Metrics {
             counters: Arc::new(counters),
             decision_duration,
             worlds,
+            state_bytes,
             nats_connected,
             nats_reconnects,
             ready,

@@ -10,6 +10,7 @@
 //! so the admin API never sees or changes a world half-way through one.
 
 use std::collections::{HashMap, VecDeque};
+use std::mem::size_of;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -39,6 +40,8 @@ pub const MAX_ACTIVITY: usize = 512;
 pub const MAX_MENTIONED: usize = 64;
 /// Most approval times held for the `budget` rule (its `max` is capped too).
 pub const MAX_BUDGET_WINDOW: usize = 10_000;
+/// Least `state.max_bytes` accepted: room for a few worlds at their caps.
+pub const MIN_STATE_BYTES: u64 = 1 << 20;
 
 /// A per-world map. foldhash (randomly seeded per map) rather than the
 /// standard SipHash: these maps are looked up several times per message, and
@@ -234,6 +237,9 @@ pub struct WorldState {
     extras: Option<Box<Extras>>,
     /// `state.idle_seconds`, as whole seconds: four bytes, not sixteen.
     idle_seconds: u32,
+    /// Bytes of the ids and thread ids `messages` holds (see
+    /// [`WorldState::footprint`]).
+    remembered_bytes: u32,
 }
 
 /// The state of the rules and features that are off by default
@@ -251,6 +257,8 @@ struct Extras {
     agent_approvals: VecDeque<Instant>,
     /// Recent delivered messages, for agents' clean context (opt-in).
     context: VecDeque<ContextEntry>,
+    /// Bytes of the bodies and inbox lists `context` holds.
+    context_bytes: usize,
     /// Agents mentioned since the conclusion, each allowed one reply.
     mentioned: Vec<Name>,
 }
@@ -261,6 +269,7 @@ static NO_EXTRAS: Extras = Extras {
     speakers: VecDeque::new(),
     agent_approvals: VecDeque::new(),
     context: VecDeque::new(),
+    context_bytes: 0,
     mentioned: Vec::new(),
 };
 
@@ -286,6 +295,7 @@ impl WorldState {
             concluded: false,
             extras: None,
             idle_seconds: u32::try_from(idle.as_secs()).unwrap_or(u32::MAX),
+            remembered_bytes: 0,
         }
     }
 
@@ -465,21 +475,26 @@ impl WorldState {
                 Some((id, its_thread))
             });
             let id = approved.id.clone();
-            if self
-                .messages
-                .insert(
-                    id.clone(),
-                    Remembered {
-                        depth: approved.lineage.depth,
-                        thread_id: approved.lineage.thread_id.clone(),
-                        agent: approved.agent.is_some(),
-                    },
-                )
-                .is_none()
-            {
-                if let Some(old) = push_window(&mut self.message_order, id.clone(), MAX_REMEMBERED)
-                {
-                    self.forget_message(&old);
+            let replaced = self.messages.insert(
+                id.clone(),
+                Remembered {
+                    depth: approved.lineage.depth,
+                    thread_id: approved.lineage.thread_id.clone(),
+                    agent: approved.agent.is_some(),
+                },
+            );
+            // Ids are at most MAX_REMEMBERED_ID bytes: the sum fits a u32.
+            self.remembered_bytes += text_bytes(thread);
+            match replaced {
+                // A reused id keeps its key: only its thread id changed.
+                Some(old) => self.remembered_bytes -= text_bytes(&old.thread_id),
+                None => {
+                    self.remembered_bytes += text_bytes(&id);
+                    if let Some(old) =
+                        push_window(&mut self.message_order, id.clone(), MAX_REMEMBERED)
+                    {
+                        self.forget_message(&old);
+                    }
                 }
             }
             if let Some((previous, its_thread)) = previous {
@@ -598,6 +613,7 @@ impl WorldState {
 
     fn forget_message(&mut self, id: &Arc<str>) {
         if let Some(meta) = self.messages.remove(id) {
+            self.remembered_bytes -= text_bytes(id) + text_bytes(&meta.thread_id);
             if let Some(index) = &mut self.thread_latest {
                 if index.get(&meta.thread_id) == Some(id) {
                     index.remove(&meta.thread_id);
@@ -646,6 +662,86 @@ impl WorldState {
             agent.approvals.clear();
         }
     }
+
+    /// About how many bytes this world holds: what the world cache weighs it
+    /// by (`state.max_bytes`). Counted from its containers' capacities and
+    /// the lengths of the ids and bodies they hold, not the allocator's own
+    /// overhead, nor thread ids only the thread index still holds. Reads no
+    /// entry but those of a short roster (up to [`ROSTER_LIST_MAX`]).
+    pub fn footprint(&self) -> usize {
+        let roster = match &self.agents {
+            Roster::List(list) => {
+                list.capacity() * size_of::<(Name, Agent)>()
+                    + list
+                        .iter()
+                        .map(|(n, a)| name_bytes(n) + deque_bytes(&a.approvals))
+                        .sum::<usize>()
+            }
+            Roster::Map(map) => {
+                // Each agent's name and times at their most, unread.
+                let times = (self.settings.rules.rate.max as usize).max(1) + 1;
+                let agent = name_bytes_at_most() + times.next_power_of_two() * size_of::<Instant>();
+                size_of::<Map<Name, Agent>>()
+                    + table_bytes(map.capacity(), size_of::<(Name, Agent)>())
+                    + map.len() * agent
+            }
+        };
+        let threads = self.thread_latest.as_ref().map_or(0, |index| {
+            size_of::<Map<Arc<str>, Arc<str>>>()
+                + table_bytes(index.capacity(), size_of::<(Arc<str>, Arc<str>)>())
+        });
+        let extras = self.extras.as_ref().map_or(0, |e| {
+            size_of::<Extras>()
+                + deque_bytes(&e.word_sets)
+                + e.word_sets.len() * crate::rules::similar::MAX_WORDS * size_of::<u64>()
+                + deque_bytes(&e.speakers)
+                + deque_bytes(&e.agent_approvals)
+                + deque_bytes(&e.context)
+                + e.context_bytes
+                + e.mentioned.capacity() * size_of::<Name>()
+        });
+        size_of::<World>()
+            + roster
+            + table_bytes(
+                self.messages.capacity(),
+                size_of::<(Arc<str>, Remembered)>(),
+            )
+            + self.remembered_bytes as usize
+            + deque_bytes(&self.message_order)
+            + threads
+            + deque_bytes(&self.contents)
+            + deque_bytes(&self.activity)
+            + extras
+    }
+}
+
+/// Bytes an `Arc<str>` of `text` holds: its two counts and the text.
+fn text_bytes(text: &str) -> u32 {
+    (2 * size_of::<usize>() + text.len()) as u32
+}
+
+/// Bytes a name holds beyond its own size: none up to 23 bytes (kept
+/// inline), else a shared `Arc<str>`.
+fn name_bytes(name: &Name) -> usize {
+    match name.as_str().len() {
+        0..=23 => 0,
+        _ => text_bytes(name.as_str()) as usize,
+    }
+}
+
+/// [`name_bytes`] of the longest name.
+fn name_bytes_at_most() -> usize {
+    2 * size_of::<usize>() + crate::names::MAX_NAME_LEN
+}
+
+/// Bytes of a hash table with room for `capacity` entries of `entry` bytes:
+/// hashbrown keeps a bucket and a control byte for each, at most 7/8 full.
+fn table_bytes(capacity: usize, entry: usize) -> usize {
+    capacity * 8 / 7 * (entry + 1)
+}
+
+fn deque_bytes<T>(deque: &VecDeque<T>) -> usize {
+    deque.capacity() * size_of::<T>()
 }
 
 /// The start of a window of some length that ends now: what happened after
@@ -852,16 +948,27 @@ pub struct ContextEntry {
     pub body: bytes::Bytes,
 }
 
+impl ContextEntry {
+    /// What the entry holds beyond its own size: the body (shared with the
+    /// published copies, and kept alive by the entry) and the inbox list.
+    fn bytes(&self) -> usize {
+        self.body.len() + self.inboxes.capacity() * size_of::<Name>()
+    }
+}
+
 impl WorldState {
     /// Keeps a delivered message for the context endpoint, at most `keep`.
     pub fn remember_context(&mut self, entry: ContextEntry, keep: usize) {
         if keep == 0 {
             return;
         }
-        let context = &mut self.extras_mut().context;
-        push_window(context, entry, keep);
-        while context.len() > keep {
-            context.pop_front();
+        let extras = self.extras_mut();
+        extras.context_bytes += entry.bytes();
+        push_window(&mut extras.context, entry, usize::MAX);
+        while extras.context.len() > keep {
+            if let Some(old) = extras.context.pop_front() {
+                extras.context_bytes -= old.bytes();
+            }
         }
     }
 
@@ -952,23 +1059,48 @@ pub struct Approved<'a> {
     pub agent: Option<(&'a Name, usize)>,
 }
 
-/// Shared handle to one world's state.
-pub type WorldHandle = Arc<Mutex<WorldState>>;
+/// One world in the cache: its state, and the weight the cache last took
+/// for it (read by the cache's weigher, which must not take the lock).
+#[derive(Debug)]
+pub struct World {
+    state: Mutex<WorldState>,
+    weight: AtomicU32,
+}
+
+/// Shared handle to one world.
+pub type WorldHandle = Arc<World>;
 
 /// Locks a world. A poisoned lock (a panic mid-decision, which the code is
 /// written never to cause) still yields the state rather than a second panic.
 pub fn lock(world: &WorldHandle) -> MutexGuard<'_, WorldState> {
     world
+        .state
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// What moka keeps for each world beyond the world itself: its table slot
+/// and bucket, entry and access-order node, and the key's copy (estimated
+/// from moka 0.12's types; the idle-world benchmark measures the whole).
+const CACHE_ENTRY_BYTES: usize = 256;
+
+/// The allocator rounds each block up to a size class: a world's blocks
+/// hold about an eighth more than their contents (mimalloc's classes are
+/// an eighth to a quarter apart).
+const ALLOCATOR_ROUNDING: usize = 8;
 
 /// Most worlds the world cache's table is sized for at start (its bucket
 /// array, 16-32 bytes a world, is resident from the start).
 const PRESIZED_WORLDS: u64 = 1 << 20;
 
-/// Every world's state, bounded by `state.max_worlds` and expired after
-/// `state.idle_seconds` without a message.
+/// Every world's state, bounded by `state.max_worlds` and `state.max_bytes`
+/// and expired after `state.idle_seconds` without a message.
+///
+/// The cache weighs each world by its [`WorldState::footprint`], and at
+/// least `max_bytes / max_worlds`, against a capacity of `max_bytes`: so it
+/// holds at most `max_worlds` worlds and about `max_bytes` of them, and a
+/// client that fills a few worlds with long ids and many agents evicts idle
+/// worlds instead of growing memory.
 #[derive(Clone)]
 pub struct Worlds {
     /// Hashed with foldhash's quality variant, randomly seeded: the world
@@ -976,6 +1108,8 @@ pub struct Worlds {
     /// own work.
     cache: moka::sync::Cache<Name, WorldHandle, foldhash::quality::RandomState>,
     idle: Duration,
+    /// The least a world weighs: `max_bytes / max_worlds`.
+    least_weight: u32,
     upkeep: Arc<Upkeep>,
 }
 
@@ -1001,23 +1135,31 @@ const UPKEEP_EVERY: Duration = Duration::from_millis(200);
 impl Worlds {
     /// Bounds come from `settings` once: they are not reloadable.
     pub fn new(settings: &Settings) -> Worlds {
-        let idle = Duration::from_secs(settings.config.state.idle_seconds);
+        let state = &settings.config.state;
+        let idle = Duration::from_secs(state.idle_seconds);
+        let max_worlds = state.max_worlds.max(1);
+        let least_weight = (state.max_bytes / max_worlds).clamp(1, u32::MAX.into());
+        // Below max_bytes when the least weight was clamped: no more than
+        // max_worlds worlds of it fit.
+        let capacity = state.max_bytes.min(least_weight.saturating_mul(max_worlds));
         // LRU, not moka's default TinyLFU: TinyLFU may refuse to admit a new
         // world when full, and a refused world would lose its state after
         // every message, so a loop in it would never be counted.
         let cache = moka::sync::Cache::builder()
-            .max_capacity(settings.config.state.max_worlds)
+            .max_capacity(capacity)
+            .weigher(|_, world: &WorldHandle| world.weight.load(Ordering::Relaxed))
             // The table sized for `max_worlds` at start: it never grows (a
             // rehash of every world, on the message thread), and lookups
             // probe less (callgrind: -7% instructions per lookup). Larger
             // bounds than PRESIZED_WORLDS grow past it as worlds come.
-            .initial_capacity(settings.config.state.max_worlds.min(PRESIZED_WORLDS) as usize)
+            .initial_capacity(max_worlds.min(PRESIZED_WORLDS) as usize)
             .time_to_idle(idle)
             .eviction_policy(moka::policy::EvictionPolicy::lru())
             .build_with_hasher(foldhash::quality::RandomState::default());
         Worlds {
             cache,
             idle,
+            least_weight: least_weight as u32,
             upkeep: Arc::new(Upkeep {
                 lookups: AtomicU32::new(0),
                 at: AtomicU64::new(0),
@@ -1035,12 +1177,36 @@ impl Worlds {
     ) -> WorldHandle {
         self.upkeep.lookups.fetch_add(1, Ordering::Relaxed);
         self.cache.get_with_by_ref(world, || {
-            Arc::new(Mutex::new(WorldState::new(
-                settings.clone(),
-                self.idle,
-                now,
-            )))
+            Arc::new(World {
+                state: Mutex::new(WorldState::new(settings.clone(), self.idle, now)),
+                weight: AtomicU32::new(self.least_weight),
+            })
         })
+    }
+
+    /// Tells the cache what `world` holds now: `bytes`, its
+    /// [`WorldState::footprint`]. The cache weighs that, with its own entry
+    /// and the allocator's rounding, and at least `max_bytes / max_worlds`.
+    /// Re-weighing is a write to the cache, so a growing world is weighed a
+    /// quarter ahead of what it holds and re-weighed only once it outgrows
+    /// that (or shrinks to half): a few times over its life, not at every
+    /// message, and never weighed at less than it holds.
+    pub fn weigh(&self, name: &Name, world: &WorldHandle, bytes: usize) {
+        let bytes = bytes + CACHE_ENTRY_BYTES + name_bytes(name);
+        let bytes = bytes + bytes / ALLOCATOR_ROUNDING;
+        let held = world.weight.load(Ordering::Relaxed) as usize;
+        if bytes <= held && bytes >= held / 2 {
+            return;
+        }
+        let weight = u32::try_from(bytes + bytes / 4)
+            .unwrap_or(u32::MAX)
+            .max(self.least_weight);
+        if weight as usize != held {
+            world.weight.store(weight, Ordering::Relaxed);
+            // Same world, new weight (and back in, if it was evicted
+            // meanwhile: it is in use).
+            self.cache.insert(name.clone(), world.clone());
+        }
     }
 
     /// Calls `f` for every world held.
@@ -1105,6 +1271,13 @@ impl Worlds {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Bytes of world state held, as the cache weighs them (pending
+    /// evictions applied).
+    pub fn bytes(&self) -> u64 {
+        self.cache.run_pending_tasks();
+        self.cache.weighted_size()
     }
 }
 
@@ -1467,6 +1640,120 @@ mod tests {
         }
         assert_eq!(worlds.len(), 3);
         assert!(worlds.get(&name("w0")).is_none());
+    }
+
+    /// What `remembered_bytes` should be: counted from the messages held.
+    fn remembered_text(w: &WorldState) -> u32 {
+        w.messages
+            .iter()
+            .map(|(id, m)| text_bytes(id) + text_bytes(&m.thread_id))
+            .sum()
+    }
+
+    #[test]
+    fn remembered_bytes_follow_the_ids_a_world_holds() {
+        let (mut w, t0) = world(&[]);
+        for i in 0..3 * MAX_REMEMBERED {
+            // Lengths up to MAX_REMEMBERED_ID; every fifth id reused under
+            // another thread; threads shared by a few messages each.
+            let id = match i % 5 {
+                0 => "reused".to_string(),
+                _ => format!("{i}-{}", "i".repeat(i % MAX_REMEMBERED_ID)),
+            };
+            let id = &id[..id.len().min(MAX_REMEMBERED_ID)];
+            let thread = format!("t{}-{}", i / 3, "t".repeat(i % 200));
+            let l = w.lineage(id, Some(&thread), None, i % 2 == 0);
+            approve(&mut w, id, &l, t0);
+            if i % 97 == 0 || i + 1 == 3 * MAX_REMEMBERED {
+                assert_eq!(w.remembered_bytes, remembered_text(&w), "after {i}");
+            }
+        }
+        assert_eq!(w.messages.len(), MAX_REMEMBERED);
+    }
+
+    #[test]
+    fn the_footprint_counts_long_ids_and_context_bodies() {
+        let (mut w, t0) = world(&[]);
+        let empty = w.footprint();
+        for i in 0..MAX_REMEMBERED {
+            let id = format!("{i:0>256}");
+            let l = w.lineage(&id, Some(&format!("t{i:0>255}")), None, false);
+            approve(&mut w, &id, &l, t0);
+        }
+        let full = w.footprint();
+        assert!(
+            full - empty > MAX_REMEMBERED * 2 * 256,
+            "{empty} -> {full}: the ids alone are 512 KiB"
+        );
+        let body = |n: usize| ContextEntry {
+            agent_sender: None,
+            inboxes: vec![name("bob")],
+            body: bytes::Bytes::from(vec![b'x'; n]),
+        };
+        for n in [10_000, 20_000, 30_000] {
+            w.remember_context(body(n), 2);
+        }
+        assert_eq!(w.extras().context_bytes, 50_000 + 2 * size_of::<Name>());
+        let with_context = w.footprint();
+        assert!(with_context - full >= 50_000, "{full} -> {with_context}");
+    }
+
+    #[test]
+    fn the_cache_holds_about_max_bytes_of_worlds_however_few() {
+        let mut config = crate::config::Config::default();
+        config.state.max_bytes = MIN_STATE_BYTES;
+        let settings = config.validate().unwrap();
+        let worlds = Worlds::new(&settings);
+        let now = Instant::now();
+        // Worlds of about 135 KiB each (200 messages of 250-byte ids and
+        // thread ids), weighed at about 190 KiB (a quarter ahead, and the
+        // allocator's rounding): far fewer than max_worlds fit in 1 MiB.
+        let fill = |i: usize| {
+            let world = name(&format!("w{i}"));
+            let handle = worlds.get_or_create(&world, &settings.default_world, now);
+            let mut w = lock(&handle);
+            for m in 0..200 {
+                let id = format!("{i}-{m:0>250}");
+                let l = w.lineage(&id, Some(&format!("t{id}")), None, false);
+                approve(&mut w, &id, &l, now);
+            }
+            let bytes = w.footprint();
+            drop(w);
+            worlds.weigh(&world, &handle, bytes);
+            bytes
+        };
+        let each = fill(0);
+        assert!(each > 200 * 2 * 250, "{each}");
+        for i in 1..40 {
+            fill(i);
+        }
+        let held = worlds.len();
+        assert!(
+            (4..=7).contains(&held),
+            "1 MiB holds five worlds of {each} bytes, held {held}"
+        );
+        assert!(worlds.bytes() <= MIN_STATE_BYTES, "{}", worlds.bytes());
+        assert!(worlds.get(&name("w39")).is_some(), "the latest stays");
+        assert!(worlds.get(&name("w0")).is_none(), "the oldest went");
+    }
+
+    #[test]
+    fn an_idle_world_weighs_max_bytes_over_max_worlds() {
+        let mut config = crate::config::Config::default();
+        config.state.max_worlds = 1000;
+        config.state.max_bytes = 4 * MIN_STATE_BYTES;
+        let settings = config.validate().unwrap();
+        let worlds = Worlds::new(&settings);
+        let now = Instant::now();
+        for i in 0..1500 {
+            let world = name(&format!("w{i}"));
+            let handle = worlds.get_or_create(&world, &settings.default_world, now);
+            let bytes = lock(&handle).footprint();
+            assert!(bytes < 4 * 1024 * 1024 / 1000, "{bytes}");
+            worlds.weigh(&world, &handle, bytes);
+        }
+        assert_eq!(worlds.len(), 1000, "max_worlds still counts");
+        assert_eq!(worlds.bytes(), 1000 * (4 * MIN_STATE_BYTES / 1000));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 mod support;
 
 use serde_json::json;
-use support::{hpub, msg, publish_raw, Harness, NatsServer};
+use support::{hpub, msg, publish_raw, Harness, NatsServer, Scrape};
 
 const SMALL: &str = "[limits]\nmax_payload_bytes = 1024\n[rules.duplicate]\nwindow_seconds = 0\n";
 
@@ -400,4 +400,40 @@ async fn a_copy_the_server_cannot_take_is_a_drop_not_a_delivery() {
         1.0,
         "the copy that was not published is not a delivery"
     );
+}
+
+/// Human messages are always approved, and each one's id and thread id (up
+/// to 256 bytes) is remembered until a world's 1024th: a client can make
+/// every world large. `state.max_bytes` bounds them all: loopguard evicts
+/// the least recently used worlds, and every message is still delivered.
+#[tokio::test]
+async fn worlds_filled_with_long_ids_are_bounded_in_bytes() {
+    let max_bytes = 1 << 20;
+    let mut h = Harness::start(&format!("[state]\nmax_bytes = {max_bytes}\n")).await;
+    let addr = h.loopguard.http_addr().await;
+    let (worlds, each) = (8, 400);
+    for i in 0..worlds * each {
+        let body = json!({
+            "content": "hi",
+            "id": format!("{i:0>256}"),
+            "thread_id": format!("{:0>256}", i + 1),
+        });
+        h.send_json(&format!("w{}", i % worlds), "human", "hank", body)
+            .await;
+    }
+    let mut delivered = 0;
+    for w in 0..worlds {
+        let out = h.settle(&format!("w{w}")).await;
+        delivered += (0..worlds)
+            .map(|w| out.public(&format!("w{w}")).len())
+            .sum::<usize>();
+    }
+    assert_eq!(delivered, worlds * each, "every message delivered");
+    // Eight worlds of 400 such messages hold about 2.5 MiB: over the bound.
+    let held = Scrape::take(&addr).await.get("loopguard_state_bytes", &[]);
+    assert!(
+        held <= max_bytes as f64 && held > (max_bytes / 2) as f64,
+        "state held {held} bytes against max_bytes {max_bytes}"
+    );
+    assert!(h.loopguard.is_running());
 }

@@ -61,6 +61,7 @@ fn check_and_start_up_exit_2_naming_the_key() {
             &[("LOOPGUARD__STATE__MAX_WORLDS", "-5")],
             "state.max_worlds",
         ),
+        ("[state]\nmax_bytes = 1000\n", &[], "state.max_bytes"),
     ];
     for (toml, env, key) in cases {
         for args in [&["--check"][..], &[][..]] {

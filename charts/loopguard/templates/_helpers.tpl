@@ -103,6 +103,7 @@ max_payload_bytes = {{ include "loopguard.toml" $c.limits.max_payload_bytes }}
 
 [state]
 max_worlds = {{ include "loopguard.toml" $c.state.max_worlds }}
+max_bytes = {{ include "loopguard.toml" $c.state.max_bytes }}
 idle_seconds = {{ include "loopguard.toml" $c.state.idle_seconds }}
 context_messages = {{ include "loopguard.toml" $c.state.context_messages }}
 
