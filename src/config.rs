@@ -933,7 +933,10 @@ impl Config {
         if self.state.max_bytes < crate::state::MIN_STATE_BYTES {
             return Err(invalid(
                 "state.max_bytes",
-                format!("must be at least {} (1 MiB)", crate::state::MIN_STATE_BYTES),
+                format!(
+                    "must be at least {} (16 MiB)",
+                    crate::state::MIN_STATE_BYTES
+                ),
             ));
         }
         if !(1..=86_400).contains(&self.conversation.window_seconds) {

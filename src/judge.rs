@@ -423,8 +423,15 @@ impl Judge {
                 d.delivered_to.clear();
             }
         }
-        if delivered {
-            commit(&mut state::lock(&world), effects);
+        let bytes = {
+            let mut w = state::lock(&world);
+            if delivered {
+                commit(&mut w, effects);
+            }
+            w.footprint()
+        };
+        if let Some(name) = &d.world {
+            self.worlds.weigh(name, &world, bytes);
         }
         self.report(&mut d, &settings);
         d
@@ -509,9 +516,6 @@ impl Judge {
         let handle = self.worlds.get_or_create(&world, ws, now);
         let mut w = state::lock(&handle);
         w.apply_settings(ws, now);
-        // What the world holds after its last message (this one's share is
-        // weighed with the next).
-        self.worlds.weigh(&world, &handle, w.footprint());
         let limits = &ws.rules;
         let is_agent = kind == SenderKind::Agent;
         if is_agent {
@@ -590,6 +594,8 @@ impl Judge {
             match (failure, config.mode) {
                 (Some(rejection), Mode::Enforce) => {
                     self.reject(&mut d, &mut w, &world, rejection, &lineage);
+                    // Its sender may be new to the roster.
+                    self.worlds.weigh(&world, &handle, w.footprint());
                     return d;
                 }
                 (Some(rejection), Mode::Observe) => {
@@ -666,6 +672,7 @@ impl Judge {
             });
         } else {
             commit(&mut w, effects);
+            self.worlds.weigh(&world, &handle, w.footprint());
         }
         d
     }

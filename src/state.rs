@@ -40,8 +40,9 @@ pub const MAX_ACTIVITY: usize = 512;
 pub const MAX_MENTIONED: usize = 64;
 /// Most approval times held for the `budget` rule (its `max` is capped too).
 pub const MAX_BUDGET_WINDOW: usize = 10_000;
-/// Least `state.max_bytes` accepted: room for a few worlds at their caps.
-pub const MIN_STATE_BYTES: u64 = 1 << 20;
+/// Least `state.max_bytes` accepted (16 MiB): room for several worlds at
+/// every cap (about 2 MiB weighed each), context entries aside.
+pub const MIN_STATE_BYTES: u64 = 16 << 20;
 
 /// A per-world map. foldhash (randomly seeded per map) rather than the
 /// standard SipHash: these maps are looked up several times per message, and
@@ -240,6 +241,10 @@ pub struct WorldState {
     /// Bytes of the ids and thread ids `messages` holds (see
     /// [`WorldState::footprint`]).
     remembered_bytes: u32,
+    /// Bytes of the thread ids and ids `thread_latest` holds, counted apart
+    /// from `messages` even where they share them: an entry can outlive its
+    /// message (a reused id), keeping both alive.
+    index_bytes: u32,
 }
 
 /// The state of the rules and features that are off by default
@@ -296,6 +301,7 @@ impl WorldState {
             extras: None,
             idle_seconds: u32::try_from(idle.as_secs()).unwrap_or(u32::MAX),
             remembered_bytes: 0,
+            index_bytes: 0,
         }
     }
 
@@ -508,13 +514,21 @@ impl WorldState {
                         .is_some_and(|m| m.thread_id == its_thread)
                 };
                 if its_thread != *thread && still_there() {
-                    self.thread_latest
-                        .get_or_insert_with(Default::default)
-                        .insert(its_thread, previous);
+                    let key = text_bytes(&its_thread);
+                    let value = text_bytes(&previous);
+                    let index = self.thread_latest.get_or_insert_with(Default::default);
+                    // An existing entry keeps its key: only the id changes.
+                    self.index_bytes += value;
+                    match index.insert(its_thread, previous) {
+                        Some(old) => self.index_bytes -= text_bytes(&old),
+                        None => self.index_bytes += key,
+                    }
                 }
             }
             if let Some(index) = &mut self.thread_latest {
-                index.remove(thread);
+                if let Some((key, value)) = index.remove_entry(thread) {
+                    self.index_bytes -= text_bytes(&key) + text_bytes(&value);
+                }
                 if index.len() > 2 * MAX_REMEMBERED {
                     // Drop entries whose message was forgotten or re-filed
                     // under another thread (a reused id). Each remembered
@@ -522,8 +536,13 @@ impl WorldState {
                     // MAX_REMEMBERED, and runs once per MAX_REMEMBERED new
                     // threads at most.
                     let messages = &self.messages;
+                    let index_bytes = &mut self.index_bytes;
                     index.retain(|thread, id| {
-                        messages.get(id).is_some_and(|m| m.thread_id == *thread)
+                        let keep = messages.get(id).is_some_and(|m| m.thread_id == *thread);
+                        if !keep {
+                            *index_bytes -= text_bytes(thread) + text_bytes(id);
+                        }
+                        keep
                     });
                 }
             }
@@ -616,7 +635,9 @@ impl WorldState {
             self.remembered_bytes -= text_bytes(id) + text_bytes(&meta.thread_id);
             if let Some(index) = &mut self.thread_latest {
                 if index.get(&meta.thread_id) == Some(id) {
-                    index.remove(&meta.thread_id);
+                    if let Some((key, value)) = index.remove_entry(&meta.thread_id) {
+                        self.index_bytes -= text_bytes(&key) + text_bytes(&value);
+                    }
                 }
             }
         }
@@ -689,6 +710,7 @@ impl WorldState {
         let threads = self.thread_latest.as_ref().map_or(0, |index| {
             size_of::<Map<Arc<str>, Arc<str>>>()
                 + table_bytes(index.capacity(), size_of::<(Arc<str>, Arc<str>)>())
+                + self.index_bytes as usize
         });
         let extras = self.extras.as_ref().map_or(0, |e| {
             size_of::<Extras>()
@@ -951,8 +973,10 @@ pub struct ContextEntry {
 impl ContextEntry {
     /// What the entry holds beyond its own size: the body (shared with the
     /// published copies, and kept alive by the entry) and the inbox list.
+    /// The body is counted twice: it was built in a growing buffer, whose
+    /// spare room (less than its length) stays with it.
     fn bytes(&self) -> usize {
-        self.body.len() + self.inboxes.capacity() * size_of::<Name>()
+        2 * self.body.len() + self.inboxes.capacity() * size_of::<Name>()
     }
 }
 
@@ -1110,6 +1134,10 @@ pub struct Worlds {
     idle: Duration,
     /// The least a world weighs: `max_bytes / max_worlds`.
     least_weight: u32,
+    /// The most a world weighs: half the capacity. A heavier one would
+    /// empty the cache, then be evicted itself (or, re-weighed after an
+    /// eviction, refused), losing its state at every turn.
+    most_weight: u32,
     upkeep: Arc<Upkeep>,
 }
 
@@ -1160,6 +1188,7 @@ impl Worlds {
             cache,
             idle,
             least_weight: least_weight as u32,
+            most_weight: u32::try_from(capacity / 2).unwrap_or(u32::MAX),
             upkeep: Arc::new(Upkeep {
                 lookups: AtomicU32::new(0),
                 at: AtomicU64::new(0),
@@ -1200,7 +1229,7 @@ impl Worlds {
         }
         let weight = u32::try_from(bytes + bytes / 4)
             .unwrap_or(u32::MAX)
-            .max(self.least_weight);
+            .clamp(self.least_weight, self.most_weight.max(self.least_weight));
         if weight as usize != held {
             world.weight.store(weight, Ordering::Relaxed);
             // Same world, new weight (and back in, if it was evicted
@@ -1651,7 +1680,7 @@ mod tests {
     }
 
     #[test]
-    fn remembered_bytes_follow_the_ids_a_world_holds() {
+    fn remembered_and_index_bytes_follow_the_ids_a_world_holds() {
         let (mut w, t0) = world(&[]);
         for i in 0..3 * MAX_REMEMBERED {
             // Lengths up to MAX_REMEMBERED_ID; every fifth id reused under
@@ -1666,6 +1695,13 @@ mod tests {
             approve(&mut w, id, &l, t0);
             if i % 97 == 0 || i + 1 == 3 * MAX_REMEMBERED {
                 assert_eq!(w.remembered_bytes, remembered_text(&w), "after {i}");
+                let index: u32 = w.thread_latest.as_ref().map_or(0, |index| {
+                    index
+                        .iter()
+                        .map(|(t, id)| text_bytes(t) + text_bytes(id))
+                        .sum()
+                });
+                assert_eq!(w.index_bytes, index, "after {i}");
             }
         }
         assert_eq!(w.messages.len(), MAX_REMEMBERED);
@@ -1693,7 +1729,8 @@ mod tests {
         for n in [10_000, 20_000, 30_000] {
             w.remember_context(body(n), 2);
         }
-        assert_eq!(w.extras().context_bytes, 50_000 + 2 * size_of::<Name>());
+        // Bodies counted twice (their buffers' spare room).
+        assert_eq!(w.extras().context_bytes, 2 * 50_000 + 2 * size_of::<Name>());
         let with_context = w.footprint();
         assert!(with_context - full >= 50_000, "{full} -> {with_context}");
     }
@@ -1705,36 +1742,77 @@ mod tests {
         let settings = config.validate().unwrap();
         let worlds = Worlds::new(&settings);
         let now = Instant::now();
-        // Worlds of about 135 KiB each (200 messages of 250-byte ids and
-        // thread ids), weighed at about 190 KiB (a quarter ahead, and the
-        // allocator's rounding): far fewer than max_worlds fit in 1 MiB.
+        // Worlds of 200 messages, each with a 250-byte id and thread id of
+        // its own: a few hundred KiB each, so far fewer than max_worlds fit.
         let fill = |i: usize| {
             let world = name(&format!("w{i}"));
             let handle = worlds.get_or_create(&world, &settings.default_world, now);
-            let mut w = lock(&handle);
             for m in 0..200 {
+                let mut w = lock(&handle);
                 let id = format!("{i}-{m:0>250}");
                 let l = w.lineage(&id, Some(&format!("t{id}")), None, false);
                 approve(&mut w, &id, &l, now);
+                let bytes = w.footprint();
+                drop(w);
+                worlds.weigh(&world, &handle, bytes);
             }
-            let bytes = w.footprint();
-            drop(w);
-            worlds.weigh(&world, &handle, bytes);
-            bytes
+            handle.weight.load(Ordering::Relaxed) as u64
         };
-        let each = fill(0);
-        assert!(each > 200 * 2 * 250, "{each}");
-        for i in 1..40 {
+        let weight = fill(0);
+        assert!(weight > 200 * 2 * 250, "{weight}");
+        let fit = MIN_STATE_BYTES / weight;
+        for i in 1..3 * fit as usize {
             fill(i);
         }
         let held = worlds.len();
         assert!(
-            (4..=7).contains(&held),
-            "1 MiB holds five worlds of {each} bytes, held {held}"
+            held <= fit && held >= fit * 3 / 4,
+            "{MIN_STATE_BYTES} bytes hold {fit} worlds of {weight}, held {held}"
         );
         assert!(worlds.bytes() <= MIN_STATE_BYTES, "{}", worlds.bytes());
-        assert!(worlds.get(&name("w39")).is_some(), "the latest stays");
+        let last = 3 * fit as usize - 1;
+        assert!(
+            worlds.get(&name(&format!("w{last}"))).is_some(),
+            "the latest stays"
+        );
         assert!(worlds.get(&name("w0")).is_none(), "the oldest went");
+    }
+
+    #[test]
+    fn a_world_heavier_than_half_the_cache_is_weighed_at_half_and_kept() {
+        let mut config = crate::config::Config::default();
+        config.state.max_bytes = MIN_STATE_BYTES;
+        let settings = config.validate().unwrap();
+        let worlds = Worlds::new(&settings);
+        let now = Instant::now();
+        let heavy = name("heavy");
+        let handle = worlds.get_or_create(&heavy, &settings.default_world, now);
+        for _ in 0..256 {
+            let mut w = lock(&handle);
+            w.remember_context(
+                ContextEntry {
+                    agent_sender: None,
+                    inboxes: Vec::new(),
+                    body: bytes::Bytes::from(vec![b'x'; 60_000]),
+                },
+                256,
+            );
+            let bytes = w.footprint();
+            drop(w);
+            worlds.weigh(&heavy, &handle, bytes);
+        }
+        assert!(lock(&handle).footprint() > MIN_STATE_BYTES as usize);
+        // Half the capacity: max_bytes rounded down to max_worlds times the
+        // least weight.
+        let weight = u64::from(handle.weight.load(Ordering::Relaxed));
+        assert_eq!(weight, u64::from(worlds.most_weight));
+        assert!(weight <= MIN_STATE_BYTES / 2 && weight > MIN_STATE_BYTES / 2 * 99 / 100);
+        for i in 0..100 {
+            worlds.get_or_create(&name(&format!("w{i}")), &settings.default_world, now);
+        }
+        assert!(worlds.get(&heavy).is_some(), "kept, with its state");
+        assert!(worlds.bytes() <= MIN_STATE_BYTES);
+        assert_eq!(worlds.len(), 101);
     }
 
     #[test]

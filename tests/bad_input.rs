@@ -403,37 +403,73 @@ async fn a_copy_the_server_cannot_take_is_a_drop_not_a_delivery() {
 }
 
 /// Human messages are always approved, and each one's id and thread id (up
-/// to 256 bytes) is remembered until a world's 1024th: a client can make
-/// every world large. `state.max_bytes` bounds them all: loopguard evicts
-/// the least recently used worlds, and every message is still delivered.
+/// to 256 bytes) is remembered until a world's 1024th, its body kept for
+/// the context route: a client can make every world large. `state.max_bytes`
+/// bounds them all: loopguard evicts the least recently used worlds, and
+/// every message is still delivered.
 #[tokio::test]
-async fn worlds_filled_with_long_ids_are_bounded_in_bytes() {
-    let max_bytes = 1 << 20;
-    let mut h = Harness::start(&format!("[state]\nmax_bytes = {max_bytes}\n")).await;
+async fn worlds_filled_by_a_client_are_bounded_in_bytes() {
+    let max_bytes = 16 << 20;
+    let mut h = Harness::start(&format!(
+        "[state]\nmax_bytes = {max_bytes}\ncontext_messages = 4\n"
+    ))
+    .await;
     let addr = h.loopguard.http_addr().await;
-    let (worlds, each) = (8, 400);
-    for i in 0..worlds * each {
+    let state = || async { Scrape::take(&addr).await };
+    let within_bound = |held: f64, what: &str| {
+        assert!(
+            held <= max_bytes as f64 && held > (max_bytes / 2) as f64,
+            "{what}: state held {held} bytes against max_bytes {max_bytes}"
+        );
+    };
+
+    // One message each into many worlds, each kept as context (about 100
+    // KiB a world): each world is weighed with its message, not after the
+    // next one.
+    let quiet = 600;
+    let big = "x".repeat(50_000);
+    for w in 0..quiet {
+        h.send_json(&format!("q{w}"), "human", "hank", json!({"content": big}))
+            .await;
+    }
+    // Worlds are spread over two workers: settle each, counting the copies
+    // of all.
+    let names: Vec<String> = (0..quiet).map(|w| format!("q{w}")).collect();
+    let mut delivered = 0;
+    for world in &names {
+        let out = h.settle(world).await;
+        delivered += names.iter().map(|w| out.public(w).len()).sum::<usize>();
+    }
+    assert_eq!(delivered, quiet, "every message delivered");
+    let scrape = state().await;
+    within_bound(
+        scrape.get("loopguard_state_bytes", &[]),
+        "one message a world",
+    );
+    let worlds = scrape.get("loopguard_worlds", &[]);
+    assert!(worlds < 200.0, "{worlds} worlds of 100 KiB held in 16 MiB");
+
+    // Many messages with 256-byte ids and thread ids into a few worlds.
+    let (few, each) = (40, 600);
+    for i in 0..few * each {
         let body = json!({
             "content": "hi",
             "id": format!("{i:0>256}"),
             "thread_id": format!("{:0>256}", i + 1),
         });
-        h.send_json(&format!("w{}", i % worlds), "human", "hank", body)
+        h.send_json(&format!("w{}", i % few), "human", "hank", body)
             .await;
     }
+    let names: Vec<String> = (0..few).map(|w| format!("w{w}")).collect();
     let mut delivered = 0;
-    for w in 0..worlds {
-        let out = h.settle(&format!("w{w}")).await;
-        delivered += (0..worlds)
-            .map(|w| out.public(&format!("w{w}")).len())
-            .sum::<usize>();
+    for world in &names {
+        let out = h.settle(world).await;
+        delivered += names.iter().map(|w| out.public(w).len()).sum::<usize>();
     }
-    assert_eq!(delivered, worlds * each, "every message delivered");
-    // Eight worlds of 400 such messages hold about 2.5 MiB: over the bound.
-    let held = Scrape::take(&addr).await.get("loopguard_state_bytes", &[]);
-    assert!(
-        held <= max_bytes as f64 && held > (max_bytes / 2) as f64,
-        "state held {held} bytes against max_bytes {max_bytes}"
+    assert_eq!(delivered, few * each, "every message delivered");
+    within_bound(
+        state().await.get("loopguard_state_bytes", &[]),
+        "256-byte ids",
     );
     assert!(h.loopguard.is_running());
 }

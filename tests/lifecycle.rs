@@ -61,7 +61,7 @@ fn check_and_start_up_exit_2_naming_the_key() {
             &[("LOOPGUARD__STATE__MAX_WORLDS", "-5")],
             "state.max_worlds",
         ),
-        ("[state]\nmax_bytes = 1000\n", &[], "state.max_bytes"),
+        ("[state]\nmax_bytes = 16000000\n", &[], "state.max_bytes"),
     ];
     for (toml, env, key) in cases {
         for args in [&["--check"][..], &[][..]] {
@@ -157,9 +157,11 @@ async fn sigterm_drains_everything_taken_in_and_exits_0() {
     let mut public = counter.subscribe("chat.public.>").await.unwrap();
     counter.flush().await.unwrap();
 
-    // Far more than loopguard decides before the signal lands, so a real
-    // backlog sits in its subscription buffer when SIGTERM arrives.
+    // loopguard stopped while they are sent, and terminated as it resumes:
+    // a real backlog sits in its socket and subscription buffer when SIGTERM
+    // arrives, however fast it decides.
     const N: usize = 40_000;
+    h.loopguard.signal("STOP");
     for i in 0..N {
         h.send_json(
             &format!("w{}", i % 7),
@@ -171,6 +173,7 @@ async fn sigterm_drains_everything_taken_in_and_exits_0() {
     }
     // Everything is at the server before the signal.
     within("flush", h.client.flush()).await.unwrap();
+    h.loopguard.signal("CONT");
     let status = h.loopguard.terminate().await;
     let logs = h.loopguard.logs();
     assert_eq!(status.code(), Some(0), "{logs}");

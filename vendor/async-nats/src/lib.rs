@@ -469,7 +469,13 @@ pub(crate) struct ConnectionHandler {
     should_reconnect: bool,
     flush_observers: Vec<oneshot::Sender<()>>,
     is_draining: bool,
-    drain_pings: VecDeque<u64>,
+    // loopguard patch: each draining subscription with the number of the
+    // PING sent after its UNSUB; it is removed once that PING's PONG is in,
+    // so every message the server sent before the UNSUB is delivered.
+    drain_pings: VecDeque<(u64, u64)>,
+    // PINGs written and PONGs read on this connection, counted from 1.
+    pings_sent: u64,
+    pongs_received: u64,
 }
 
 impl ConnectionHandler {
@@ -494,6 +500,8 @@ impl ConnectionHandler {
             flush_observers: Vec::new(),
             is_draining: false,
             drain_pings: VecDeque::new(),
+            pings_sent: 0,
+            pongs_received: 0,
         }
     }
 
@@ -527,6 +535,7 @@ impl ConnectionHandler {
                     Poll::Ready(ExitReason::Disconnected(None))
                 } else {
                     self.handler.connection.enqueue_write_op(&ClientOp::Ping);
+                    self.handler.pings_sent += 1;
 
                     Poll::Pending
                 }
@@ -574,15 +583,11 @@ impl ConnectionHandler {
                     }
                 }
 
-                // Before handling any commands, drop any subscriptions which are draining
-                // Note: safe to assume subscription drain has completed at this point, as we would have flushed
-                // all outgoing UNSUB messages in the previous call to this fn, and we would have processed and
-                // delivered any remaining messages to the subscription in the loop above.
-                while let Some(sid) = self.handler.drain_pings.pop_front() {
-                    self.handler.subscriptions.remove(&sid);
-                }
-
-                if self.handler.is_draining {
+                // loopguard patch: draining subscriptions are removed when
+                // the PONG to their drain's PING is read (handle_server_op),
+                // not here: messages the server sent before the UNSUB may
+                // still be on their way.
+                if self.handler.is_draining && self.handler.drain_pings.is_empty() {
                     // The entire connection is draining. This means we flushed outgoing messages in the previous
                     // call to this fn, we handled any remaining messages from the server in the loop above, and
                     // all subs were drained, so drain is complete and we should exit instead of processing any
@@ -716,6 +721,16 @@ impl ConnectionHandler {
             ServerOp::Pong => {
                 debug!("received PONG");
                 self.pending_pings = self.pending_pings.saturating_sub(1);
+                // loopguard patch: PONGs answer PINGs in order; a drain is
+                // complete once the PONG to its PING is in.
+                self.pongs_received += 1;
+                while let Some(&(ping, sid)) = self.drain_pings.front() {
+                    if ping > self.pongs_received {
+                        break;
+                    }
+                    self.drain_pings.pop_front();
+                    self.subscriptions.remove(&sid);
+                }
             }
             ServerOp::Error(error) => {
                 debug!("received ERROR: {:?}", error);
@@ -844,8 +859,10 @@ impl ConnectionHandler {
                 self.flush_observers.push(observer);
             }
             Command::Drain { sid } => {
+                // loopguard patch: tagged with the PING written below.
+                let ping = self.pings_sent + 1;
                 let mut drain_sub = |sid: u64| {
-                    self.drain_pings.push_back(sid);
+                    self.drain_pings.push_back((ping, sid));
                     self.connection
                         .enqueue_write_op(&ClientOp::Unsubscribe { sid, max: None });
                 };
@@ -863,6 +880,7 @@ impl ConnectionHandler {
                     }
                 }
                 self.connection.enqueue_write_op(&ClientOp::Ping);
+                self.pings_sent += 1;
             }
             Command::Subscribe {
                 sid,
@@ -980,6 +998,14 @@ impl ConnectionHandler {
 
     async fn handle_disconnect(&mut self) -> Result<(), ConnectError> {
         self.pending_pings = 0;
+        // loopguard patch: the PINGs of this connection go unanswered; a
+        // draining subscription ends with it (what was not read is lost
+        // with the connection, as without draining).
+        for (_, sid) in self.drain_pings.drain(..) {
+            self.subscriptions.remove(&sid);
+        }
+        self.pings_sent = 0;
+        self.pongs_received = 0;
         self.connector.events_tx.try_send(Event::Disconnected).ok();
         self.connector.state_tx.send(State::Disconnected).ok();
 
