@@ -722,8 +722,9 @@ impl ConnectionHandler {
                 debug!("received PONG");
                 self.pending_pings = self.pending_pings.saturating_sub(1);
                 // loopguard patch: PONGs answer PINGs in order; a drain is
-                // complete once the PONG to its PING is in.
-                self.pongs_received += 1;
+                // complete once the PONG to its PING is in. A PONG beyond
+                // the PINGs sent (none is) cannot end a later drain early.
+                self.pongs_received = (self.pongs_received + 1).min(self.pings_sent);
                 while let Some(&(ping, sid)) = self.drain_pings.front() {
                     if ping > self.pongs_received {
                         break;
