@@ -1735,12 +1735,18 @@ mod tests {
         assert!(with_context - full >= 50_000, "{full} -> {with_context}");
     }
 
-    #[test]
-    fn the_cache_holds_about_max_bytes_of_worlds_however_few() {
+    /// Settings with the least `state.max_bytes`, and their world cache.
+    fn smallest_cache() -> (Settings, Worlds) {
         let mut config = crate::config::Config::default();
         config.state.max_bytes = MIN_STATE_BYTES;
         let settings = config.validate().unwrap();
         let worlds = Worlds::new(&settings);
+        (settings, worlds)
+    }
+
+    #[test]
+    fn the_cache_holds_about_max_bytes_of_worlds_however_few() {
+        let (settings, worlds) = smallest_cache();
         let now = Instant::now();
         // Worlds of 200 messages, each with a 250-byte id and thread id of
         // its own: a few hundred KiB each, so far fewer than max_worlds fit.
@@ -1780,10 +1786,7 @@ mod tests {
 
     #[test]
     fn a_world_heavier_than_half_the_cache_is_weighed_at_half_and_kept() {
-        let mut config = crate::config::Config::default();
-        config.state.max_bytes = MIN_STATE_BYTES;
-        let settings = config.validate().unwrap();
-        let worlds = Worlds::new(&settings);
+        let (settings, worlds) = smallest_cache();
         let now = Instant::now();
         let heavy = name("heavy");
         let handle = worlds.get_or_create(&heavy, &settings.default_world, now);

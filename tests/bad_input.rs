@@ -432,15 +432,12 @@ async fn worlds_filled_by_a_client_are_bounded_in_bytes() {
         h.send_json(&format!("q{w}"), "human", "hank", json!({"content": big}))
             .await;
     }
-    // Worlds are spread over two workers: settle each, counting the copies
-    // of all.
     let names: Vec<String> = (0..quiet).map(|w| format!("q{w}")).collect();
-    let mut delivered = 0;
-    for world in &names {
-        let out = h.settle(world).await;
-        delivered += names.iter().map(|w| out.public(w).len()).sum::<usize>();
-    }
-    assert_eq!(delivered, quiet, "every message delivered");
+    assert_eq!(
+        public_copies(&mut h, &names).await,
+        quiet,
+        "every message delivered"
+    );
     let scrape = state().await;
     within_bound(
         scrape.get("loopguard_state_bytes", &[]),
@@ -461,15 +458,25 @@ async fn worlds_filled_by_a_client_are_bounded_in_bytes() {
             .await;
     }
     let names: Vec<String> = (0..few).map(|w| format!("w{w}")).collect();
-    let mut delivered = 0;
-    for world in &names {
-        let out = h.settle(world).await;
-        delivered += names.iter().map(|w| out.public(w).len()).sum::<usize>();
-    }
-    assert_eq!(delivered, few * each, "every message delivered");
+    assert_eq!(
+        public_copies(&mut h, &names).await,
+        few * each,
+        "every message delivered"
+    );
     within_bound(
         state().await.get("loopguard_state_bytes", &[]),
         "256-byte ids",
     );
     assert!(h.loopguard.is_running());
+}
+
+/// Public copies published in `worlds` until now. Worlds are spread over two
+/// workers: each is settled, and the copies of all are counted each time.
+async fn public_copies(h: &mut Harness, worlds: &[String]) -> usize {
+    let mut copies = 0;
+    for world in worlds {
+        let out = h.settle(world).await;
+        copies += worlds.iter().map(|w| out.public(w).len()).sum::<usize>();
+    }
+    copies
 }
