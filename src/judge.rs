@@ -342,7 +342,7 @@ impl Judge {
                 let mut w = state::lock(&handle);
                 w.apply_settings(ws, now);
                 w.touch_agent(&agent, now);
-                self.worlds.weigh(&world, &handle, w.footprint());
+                self.worlds.weigh(&world, &handle, &w);
                 return None;
             }
             Origin::Invalid {
@@ -423,15 +423,14 @@ impl Judge {
                 d.delivered_to.clear();
             }
         }
-        let bytes = {
+        {
             let mut w = state::lock(&world);
             if delivered {
                 commit(&mut w, effects);
             }
-            w.footprint()
-        };
-        if let Some(name) = &d.world {
-            self.worlds.weigh(name, &world, bytes);
+            if let Some(name) = &d.world {
+                self.worlds.weigh(name, &world, &w);
+            }
         }
         self.report(&mut d, &settings);
         d
@@ -595,7 +594,7 @@ impl Judge {
                 (Some(rejection), Mode::Enforce) => {
                     self.reject(&mut d, &mut w, &world, rejection, &lineage);
                     // Its sender may be new to the roster.
-                    self.worlds.weigh(&world, &handle, w.footprint());
+                    self.worlds.weigh(&world, &handle, &w);
                     return d;
                 }
                 (Some(rejection), Mode::Observe) => {
@@ -672,7 +671,7 @@ impl Judge {
             });
         } else {
             commit(&mut w, effects);
-            self.worlds.weigh(&world, &handle, w.footprint());
+            self.worlds.weigh(&world, &handle, &w);
         }
         d
     }

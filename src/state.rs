@@ -988,11 +988,11 @@ impl WorldState {
         }
         let extras = self.extras_mut();
         extras.context_bytes += entry.bytes();
-        push_window(&mut extras.context, entry, usize::MAX);
-        while extras.context.len() > keep {
-            if let Some(old) = extras.context.pop_front() {
-                extras.context_bytes -= old.bytes();
-            }
+        extras.context.push_back(entry);
+        // The oldest beyond `keep` (more than one after a reload lowered it).
+        let over = extras.context.len().saturating_sub(keep);
+        for old in extras.context.drain(..over) {
+            extras.context_bytes -= old.bytes();
         }
     }
 
@@ -1213,15 +1213,15 @@ impl Worlds {
         })
     }
 
-    /// Tells the cache what `world` holds now: `bytes`, its
-    /// [`WorldState::footprint`]. The cache weighs that, with its own entry
+    /// Tells the cache what `world` holds now: `state` (its locked state),
+    /// by its [`WorldState::footprint`]. The cache weighs that, with its own entry
     /// and the allocator's rounding, and at least `max_bytes / max_worlds`.
     /// Re-weighing is a write to the cache, so a growing world is weighed a
     /// quarter ahead of what it holds and re-weighed only once it outgrows
     /// that (or shrinks to half): a few times over its life, not at every
     /// message, and never weighed at less than it holds.
-    pub fn weigh(&self, name: &Name, world: &WorldHandle, bytes: usize) {
-        let bytes = bytes + CACHE_ENTRY_BYTES + name_bytes(name);
+    pub fn weigh(&self, name: &Name, world: &WorldHandle, state: &WorldState) {
+        let bytes = state.footprint() + CACHE_ENTRY_BYTES + name_bytes(name);
         let bytes = bytes + bytes / ALLOCATOR_ROUNDING;
         let held = world.weight.load(Ordering::Relaxed) as usize;
         if bytes <= held && bytes >= held / 2 {
@@ -1758,9 +1758,7 @@ mod tests {
                 let id = format!("{i}-{m:0>250}");
                 let l = w.lineage(&id, Some(&format!("t{id}")), None, false);
                 approve(&mut w, &id, &l, now);
-                let bytes = w.footprint();
-                drop(w);
-                worlds.weigh(&world, &handle, bytes);
+                worlds.weigh(&world, &handle, &w);
             }
             handle.weight.load(Ordering::Relaxed) as u64
         };
@@ -1800,9 +1798,7 @@ mod tests {
                 },
                 256,
             );
-            let bytes = w.footprint();
-            drop(w);
-            worlds.weigh(&heavy, &handle, bytes);
+            worlds.weigh(&heavy, &handle, &w);
         }
         assert!(lock(&handle).footprint() > MIN_STATE_BYTES as usize);
         // Half the capacity: max_bytes rounded down to max_worlds times the
@@ -1829,9 +1825,9 @@ mod tests {
         for i in 0..1500 {
             let world = name(&format!("w{i}"));
             let handle = worlds.get_or_create(&world, &settings.default_world, now);
-            let bytes = lock(&handle).footprint();
-            assert!(bytes < 4 * 1024 * 1024 / 1000, "{bytes}");
-            worlds.weigh(&world, &handle, bytes);
+            let w = lock(&handle);
+            assert!(w.footprint() < 4 * 1024 * 1024 / 1000, "{}", w.footprint());
+            worlds.weigh(&world, &handle, &w);
         }
         assert_eq!(worlds.len(), 1000, "max_worlds still counts");
         assert_eq!(worlds.bytes(), 1000 * (4 * MIN_STATE_BYTES / 1000));
