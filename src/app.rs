@@ -181,11 +181,20 @@ pub async fn run(
         Dispatcher::spawn(workers, judge.clone(), publisher.clone(), replay);
 
     let drain = async {
-        match intake {
-            Intake::Core(raw, join) => ingest::core::run(raw, join, &dispatcher, stopped()).await,
+        let intake = match intake {
+            Intake::Core(raw, join) => {
+                ingest::core::run(raw, join, &dispatcher, stopped()).await;
+                Ok(())
+            }
             Intake::JetStream(messages) => {
+                let reopen = async || {
+                    let open =
+                        async || ingest::jetstream::consumer(&client, jetstream, &subjects).await;
+                    retrying(open, stopped()).await
+                };
                 ingest::jetstream::run(
                     *messages,
+                    reopen,
                     &dispatcher,
                     &jetstream.stream,
                     &subjects,
@@ -193,7 +202,7 @@ pub async fn run(
                 )
                 .await
             }
-        }
+        };
         drop(dispatcher);
         tracing::info!("shutdown: waiting for workers to publish what was taken in");
         for handle in handles {
@@ -203,18 +212,25 @@ pub async fn run(
         if let Err(e) = publisher.flush().await {
             tracing::warn!(error = %e, "shutdown: flush failed");
         }
+        intake
     };
     // The grace period runs from the signal, not from start-up.
     let grace = Duration::from_secs(config.shutdown.grace_seconds);
-    tokio::select! {
-        _ = drain => tracing::info!("shutdown: complete"),
+    let ended = tokio::select! {
+        intake = drain => {
+            tracing::info!("shutdown: complete");
+            intake
+        }
         _ = async {
             stopped().await;
             tokio::time::sleep(grace).await
-        } => tracing::warn!(grace_seconds = grace.as_secs(), "shutdown: grace period over, exiting with work left"),
-    }
+        } => {
+            tracing::warn!(grace_seconds = grace.as_secs(), "shutdown: grace period over, exiting with work left");
+            Ok(())
+        }
+    };
     http.abort();
-    Ok(())
+    ended
 }
 
 /// Loads the configuration again and applies it; an invalid one is refused
@@ -306,8 +322,7 @@ async fn open_jetstream(
     subjects: &crate::subject::Subjects,
     stopped: impl std::future::Future<Output = ()>,
 ) -> Result<Option<(async_nats::jetstream::consumer::pull::Stream, Vec<String>)>, AppError> {
-    tokio::pin!(stopped);
-    let open = || async {
+    let open = async || {
         let messages = ingest::jetstream::consumer(client, config, subjects).await?;
         let captured = match config.egress_acks {
             true => ingest::jetstream::captured_egress(client, subjects)
@@ -324,6 +339,17 @@ async fn open_jetstream(
         };
         Ok((messages, captured))
     };
+    retrying(open, stopped).await
+}
+
+/// Runs `open` until it succeeds, again every 2 s while the server refuses
+/// or does not answer; `None` if stopped first. A misconfiguration is
+/// returned at once: retrying would not help.
+async fn retrying<T>(
+    mut open: impl AsyncFnMut() -> Result<T, JetStreamError>,
+    stopped: impl std::future::Future<Output = ()>,
+) -> Result<Option<T>, AppError> {
+    tokio::pin!(stopped);
     loop {
         tokio::select! {
             _ = &mut stopped => return Ok(None),

@@ -621,3 +621,73 @@ async fn a_status_line_a_publisher_wrote_does_not_stall_its_message() {
     // The consumer is loopguard's own: no warning about its settings.
     assert!(!lg.logs().contains("keeps its own"), "{}", lg.logs());
 }
+
+/// The consumer is deleted while loopguard runs (`nats consumer rm`, which
+/// loopguard's own warning about changed settings advises): the server
+/// ends loopguard's pull. loopguard opens the consumer again and goes on;
+/// it used to take the end for a shutdown, drain and exit 0.
+#[tokio::test]
+async fn a_consumer_deleted_under_loopguard_is_opened_again() {
+    const N: usize = 20;
+    let nats = NatsServer::start_jetstream();
+    let (_, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    let mut lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
+    until_ready(&lg).await;
+    publish_messages(&js, 0..N / 2).await;
+    until_stream_holds(&js, "EGRESS", (N / 2) as u64, &lg).await;
+
+    let ingest = within("get stream", js.get_stream("LOOPGUARD_INGEST"))
+        .await
+        .expect("ingest stream");
+    within("delete consumer", ingest.delete_consumer("loopguard"))
+        .await
+        .expect("deleted");
+    lg.until_logged("opening the consumer again", 1).await;
+    publish_messages(&js, N / 2..N).await;
+
+    until_stream_holds(&js, "EGRESS", N as u64, &lg).await;
+    until_ingest_acknowledged(&js, &lg).await;
+    assert!(lg.is_running(), "loopguard exited\n{}", lg.logs());
+}
+
+/// With `storage = "memory"`, a restart of nats-server loses the ingest
+/// stream and its consumer: loopguard's pulls then find no one to answer
+/// them. It sets both up again, and what is published after goes through
+/// (before, it pulled from the missing consumer for ever).
+#[tokio::test]
+async fn an_ingest_stream_lost_with_a_server_restart_is_set_up_again() {
+    const N: usize = 20;
+    let mut nats = NatsServer::start_jetstream();
+    let (client, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    let config = JS_CONFIG.replace("enabled = true\n", "enabled = true\nstorage = \"memory\"\n");
+    let lg = Loopguard::spawn(&nats.url(), &config);
+    until_ready(&lg).await;
+    publish_messages(&js, 0..N / 2).await;
+    until_stream_holds(&js, "EGRESS", (N / 2) as u64, &lg).await;
+
+    nats.restart_after_sigterm();
+    // async-nats finds the consumer gone once it has retried its lookup
+    // after the reconnect (about 15 s), so this waits longer than `within`.
+    let lost = async {
+        while !lg.logs().contains("opening the consumer again") {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(45), lost)
+        .await
+        .unwrap_or_else(|_| panic!("the lost consumer was not noticed\n{}", lg.logs()));
+    within("the ingest stream set up again", async {
+        while client.connection_state() != async_nats::connection::State::Connected
+            || js.get_stream("LOOPGUARD_INGEST").await.is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    publish_messages(&js, N / 2..N).await;
+
+    until_stream_holds(&js, "EGRESS", N as u64, &lg).await;
+    until_ingest_acknowledged(&js, &lg).await;
+}

@@ -264,18 +264,42 @@ fn overlaps(pattern: &str, subject: &str) -> bool {
     }
 }
 
+/// The least time between two openings of the consumer: a pull the server
+/// ends at once (a consumer that refuses loopguard's pull requests) is
+/// retried at this pace, not in a busy loop.
+const REOPEN_EVERY: Duration = Duration::from_secs(2);
+
+/// Whether a pull error means the pull will bring nothing more: then the
+/// consumer is opened again ([`run`]). A pull request that failed (after a
+/// reconnect, the client could not find the consumer), one no one answers,
+/// or heartbeats missed (the server lost the request, or is away).
+fn lost(kind: pull::MessagesErrorKind) -> bool {
+    use pull::MessagesErrorKind::*;
+    matches!(kind, Pull | NoResponders | MissingHeartbeat)
+}
+
 /// Pulls messages until `stop` resolves. What was pulled but not yet handed
 /// to a worker stays unacknowledged and is redelivered later.
-pub async fn run(
+///
+/// When the server ends the pull (the consumer was deleted, or is not one
+/// loopguard can pull from) or stops answering it (the consumer is gone
+/// after a reconnect, as after a restart of a server holding the stream
+/// in memory; or nothing came, not even a heartbeat, for two heartbeat
+/// periods), `reopen` sets the stream and the consumer up again, retrying
+/// while the server is away, and pulling goes on. Its error (a stream that
+/// no longer captures loopguard's subjects) ends the intake.
+pub async fn run<E>(
     mut messages: pull::Stream,
+    mut reopen: impl AsyncFnMut() -> Result<Option<pull::Stream>, E>,
     dispatcher: &Dispatcher,
     stream: &str,
     subjects: &Subjects,
     stop: impl std::future::Future<Output = ()>,
-) {
+) -> Result<(), E> {
     let (raw, join) = (subjects.raw_wildcard(), subjects.join_wildcard());
     let (raw, join) = (raw.trim_end_matches('>'), join.trim_end_matches('>'));
     tokio::pin!(stop);
+    let mut opened = tokio::time::Instant::now();
     loop {
         let item = tokio::select! {
             biased;
@@ -284,15 +308,27 @@ pub async fn run(
         };
         let message = match item {
             Some(Ok(m)) => m,
-            Some(Err(e)) => {
-                // Heartbeat gaps and reconnects surface here; the consumer
-                // keeps pulling once the server is back.
+            Some(Err(e)) if !lost(e.kind()) => {
                 tracing::warn!(error = %e, "JetStream pull");
                 continue;
             }
-            None => {
-                tracing::warn!("JetStream message stream ended");
-                return;
+            ended => {
+                let why = match ended {
+                    Some(Err(e)) => e.to_string(),
+                    _ => "the server ended the pull".to_owned(),
+                };
+                tracing::warn!(reason = %why, "JetStream consumer lost; opening the consumer again");
+                tokio::select! {
+                    biased;
+                    _ = &mut stop => break,
+                    _ = tokio::time::sleep_until(opened + REOPEN_EVERY) => {}
+                }
+                match reopen().await? {
+                    Some(reopened) => messages = reopened,
+                    None => break,
+                }
+                opened = tokio::time::Instant::now();
+                continue;
             }
         };
         let (sequence, redelivered) = match message.info() {
@@ -320,6 +356,7 @@ pub async fn run(
     tracing::info!(
         "shutdown: intake stopped; undispatched messages stay in the stream for redelivery"
     );
+    Ok(())
 }
 
 #[cfg(test)]
