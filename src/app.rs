@@ -178,7 +178,7 @@ pub async fn run(
         .enabled
         .then(|| ingest::jetstream::Replay::new(jetstream));
     let (dispatcher, handles) =
-        Dispatcher::spawn(workers, judge.clone(), publisher.clone(), replay);
+        Dispatcher::spawn(workers, judge.clone(), publisher.clone(), replay.clone());
 
     let drain = async {
         let intake = match intake {
@@ -196,7 +196,8 @@ pub async fn run(
                     *messages,
                     reopen,
                     &dispatcher,
-                    &jetstream.stream,
+                    replay.as_ref(),
+                    jetstream,
                     &subjects,
                     stopped(),
                 )
@@ -310,7 +311,7 @@ async fn reload_on_sighup(reload: Arc<Reload>, judge: Arc<Judge>, metrics: Metri
 /// Where messages come from.
 enum Intake {
     Core(async_nats::Subscriber, async_nats::Subscriber),
-    JetStream(Box<async_nats::jetstream::consumer::pull::Stream>),
+    JetStream(Box<ingest::jetstream::Pull>),
 }
 
 /// Sets up the JetStream stream and consumer and, with `egress_acks`, finds
@@ -321,7 +322,7 @@ async fn open_jetstream(
     config: &crate::config::JetStreamConfig,
     subjects: &crate::subject::Subjects,
     stopped: impl std::future::Future<Output = ()>,
-) -> Result<Option<(async_nats::jetstream::consumer::pull::Stream, Vec<String>)>, AppError> {
+) -> Result<Option<(ingest::jetstream::Pull, Vec<String>)>, AppError> {
     let open = async || {
         let messages = ingest::jetstream::consumer(client, config, subjects).await?;
         let captured = match config.egress_acks {

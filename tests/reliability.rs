@@ -690,4 +690,10 @@ async fn an_ingest_stream_lost_with_a_server_restart_is_set_up_again() {
 
     until_stream_holds(&js, "EGRESS", N as u64, &lg).await;
     until_ingest_acknowledged(&js, &lg).await;
+    // Its sequences started again: decisions held by the old ones are gone.
+    assert!(
+        lg.logs().contains("the stream was created again"),
+        "{}",
+        lg.logs()
+    );
 }

@@ -32,6 +32,19 @@ pub enum JetStreamError {
     /// operator may fix it; the log line gives the server's reason.
     #[error("JetStream set-up: {0}")]
     Unavailable(String),
+    /// The consumer named `nats.jetstream.consumer` exists but refuses
+    /// loopguard's pull requests (a push consumer, or one that limits pull
+    /// requests below loopguard's): retrying would not help.
+    #[error("consumer {consumer} refuses loopguard's pulls ({reason}); delete it (nats consumer rm) so loopguard creates its own, or choose another nats.jetstream.consumer")]
+    Refused { consumer: String, reason: String },
+}
+
+/// A pull from loopguard's consumer, and when its stream was created: a
+/// stream created again (lost with a server restart, or deleted) numbers
+/// its messages from 1 again.
+pub struct Pull {
+    pub messages: pull::Stream,
+    pub created: async_nats::datetime::DateTime,
 }
 
 /// Decisions whose acknowledgement may not have reached the server, by
@@ -86,6 +99,11 @@ impl Replay {
     pub fn insert(&self, sequence: u64, outbound: Arc<[Outbound]>) {
         self.0.insert(sequence, outbound);
     }
+
+    /// The stream was created again: its sequences name other messages.
+    pub fn clear(&self) {
+        self.0.invalidate_all();
+    }
 }
 
 /// The bytes a decision holds (payloads, subjects, ids), at least
@@ -113,7 +131,7 @@ pub async fn consumer(
     client: &async_nats::Client,
     config: &JetStreamConfig,
     subjects: &Subjects,
-) -> Result<pull::Stream, JetStreamError> {
+) -> Result<Pull, JetStreamError> {
     let unavailable = |e: &dyn std::fmt::Display| JetStreamError::Unavailable(e.to_string());
     let js = jetstream::new(client.clone());
     let wanted = [subjects.raw_wildcard(), subjects.join_wildcard()];
@@ -138,7 +156,7 @@ pub async fn consumer(
         })
         .await
         .map_err(|e| unavailable(&e))?;
-    let info = stream.info().await.map_err(|e| unavailable(&e))?;
+    let info = stream.info().await.map_err(|e| unavailable(&e))?.clone();
     for subject in &wanted {
         if !info.config.subjects.iter().any(|p| covers(p, subject)) {
             return Err(JetStreamError::Subjects {
@@ -174,7 +192,11 @@ pub async fn consumer(
         );
     }
     tracing::info!(stream = %config.stream, consumer = %config.consumer, "JetStream consumer ready");
-    consumer.messages().await.map_err(|e| unavailable(&e))
+    let messages = consumer.messages().await.map_err(|e| unavailable(&e))?;
+    Ok(Pull {
+        messages,
+        created: info.created,
+    })
 }
 
 /// The egress families (`P.public.*`, `P.private.*.*`, `P.events.*`) that
@@ -264,94 +286,134 @@ fn overlaps(pattern: &str, subject: &str) -> bool {
     }
 }
 
-/// The least time between two openings of the consumer: a pull the server
-/// ends at once (a consumer that refuses loopguard's pull requests) is
-/// retried at this pace, not in a busy loop.
+/// The least time between two openings of the consumer: a pull lost again
+/// at once (a server that ends or fails every pull) is retried at this
+/// pace, not in a busy loop.
 const REOPEN_EVERY: Duration = Duration::from_secs(2);
 
-/// Whether a pull error means the pull will bring nothing more: then the
-/// consumer is opened again ([`run`]). A pull request that failed (after a
-/// reconnect, the client could not find the consumer), one no one answers,
-/// or heartbeats missed (the server lost the request, or is away).
-fn lost(kind: pull::MessagesErrorKind) -> bool {
-    use pull::MessagesErrorKind::*;
-    matches!(kind, Pull | NoResponders | MissingHeartbeat)
+/// What a pull error means for the pull.
+enum PullError {
+    /// Passing (a reconnect, a slow answer): the pull goes on.
+    Passing,
+    /// The pull will bring nothing more: open the consumer again. The pull
+    /// request failed (after a reconnect the client could not find the
+    /// consumer), no one answers it, or heartbeats were missed (the server
+    /// lost the request, or is away).
+    Lost,
+    /// The consumer will never serve loopguard's pulls.
+    Refused,
+}
+
+impl PullError {
+    fn of(kind: pull::MessagesErrorKind) -> PullError {
+        use pull::MessagesErrorKind::*;
+        match kind {
+            Pull | NoResponders | MissingHeartbeat => PullError::Lost,
+            PushBasedConsumer | RequestLimitExceeded => PullError::Refused,
+            _ => PullError::Passing,
+        }
+    }
 }
 
 /// Pulls messages until `stop` resolves. What was pulled but not yet handed
 /// to a worker stays unacknowledged and is redelivered later.
 ///
-/// When the server ends the pull (the consumer was deleted, or is not one
-/// loopguard can pull from) or stops answering it (the consumer is gone
-/// after a reconnect, as after a restart of a server holding the stream
-/// in memory; or nothing came, not even a heartbeat, for two heartbeat
-/// periods), `reopen` sets the stream and the consumer up again, retrying
-/// while the server is away, and pulling goes on. Its error (a stream that
-/// no longer captures loopguard's subjects) ends the intake.
-pub async fn run<E>(
-    mut messages: pull::Stream,
-    mut reopen: impl AsyncFnMut() -> Result<Option<pull::Stream>, E>,
+/// When the server ends the pull (the consumer was deleted) or stops
+/// answering it (see [`PullError::Lost`]), `reopen` sets the stream and the
+/// consumer up again, retrying while the server is away, and pulling goes
+/// on. Its error (a stream that no longer captures loopguard's subjects),
+/// or a consumer that refuses loopguard's pulls, ends the intake.
+///
+/// A consumer opened again may deliver, for the first time, messages the
+/// last one delivered: those up to the highest sequence seen count as
+/// redelivered, so [`Replay`] republishes a decision it holds rather than
+/// deciding again (which would see its own earlier approval). A stream
+/// created again numbers from 1: then `replay` forgets every decision.
+pub async fn run<E: From<JetStreamError>>(
+    first: Pull,
+    mut reopen: impl AsyncFnMut() -> Result<Option<Pull>, E>,
     dispatcher: &Dispatcher,
-    stream: &str,
+    replay: Option<&Replay>,
+    config: &JetStreamConfig,
     subjects: &Subjects,
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<(), E> {
     let (raw, join) = (subjects.raw_wildcard(), subjects.join_wildcard());
     let (raw, join) = (raw.trim_end_matches('>'), join.trim_end_matches('>'));
+    let stream = config.stream.as_str();
     tokio::pin!(stop);
-    let mut opened = tokio::time::Instant::now();
-    loop {
-        let item = tokio::select! {
+    let (mut highest, mut seen_before) = (0, 0);
+    let mut created = first.created;
+    let mut next = Some(first);
+    while let Some(pull) = next.take() {
+        if pull.created != created {
+            tracing::warn!(%stream, "the stream was created again: its sequences start again");
+            (highest, seen_before, created) = (0, 0, pull.created);
+            if let Some(replay) = replay {
+                replay.clear();
+            }
+        }
+        let opened = tokio::time::Instant::now();
+        let mut messages = pull.messages;
+        let why = loop {
+            let item = tokio::select! {
+                biased;
+                _ = &mut stop => break None,
+                item = messages.next() => item,
+            };
+            let message = match item {
+                Some(Ok(m)) => m,
+                Some(Err(e)) => match PullError::of(e.kind()) {
+                    PullError::Passing => {
+                        tracing::warn!(error = %e, "JetStream pull");
+                        continue;
+                    }
+                    PullError::Lost => break Some(e.to_string()),
+                    PullError::Refused => {
+                        return Err(JetStreamError::Refused {
+                            consumer: config.consumer.clone(),
+                            reason: e.to_string(),
+                        }
+                        .into())
+                    }
+                },
+                None => break Some("the server ended the pull".to_owned()),
+            };
+            let (sequence, delivered) = match message.info() {
+                Ok(info) => (info.stream_sequence, info.delivered),
+                Err(e) => {
+                    tracing::warn!(error = %e, "JetStream message without delivery info; skipped");
+                    continue;
+                }
+            };
+            highest = highest.max(sequence);
+            let (message, acker) = message.split();
+            let subject = message.subject.as_str();
+            if !subject.starts_with(raw) && !subject.starts_with(join) {
+                // A broader existing stream: not ours to judge.
+                let _ = acker.ack().await;
+                continue;
+            }
+            let delivery = Delivery {
+                acker,
+                sequence,
+                redelivered: delivered > 1 || sequence <= seen_before,
+                stable_id: format!("{stream}-{sequence}"),
+            };
+            dispatcher.dispatch(message, Some(delivery)).await;
+        };
+        // Dropped before opening again: the old pull could still take a
+        // batch that no one would read until `ack_wait` brings it back.
+        drop(messages);
+        let Some(why) = why else { break };
+        tracing::warn!(reason = %why, "JetStream consumer lost; opening the consumer again");
+        tokio::select! {
             biased;
             _ = &mut stop => break,
-            item = messages.next() => item,
-        };
-        let message = match item {
-            Some(Ok(m)) => m,
-            Some(Err(e)) if !lost(e.kind()) => {
-                tracing::warn!(error = %e, "JetStream pull");
-                continue;
-            }
-            ended => {
-                let why = match ended {
-                    Some(Err(e)) => e.to_string(),
-                    _ => "the server ended the pull".to_owned(),
-                };
-                tracing::warn!(reason = %why, "JetStream consumer lost; opening the consumer again");
-                tokio::select! {
-                    biased;
-                    _ = &mut stop => break,
-                    _ = tokio::time::sleep_until(opened + REOPEN_EVERY) => {}
-                }
-                match reopen().await? {
-                    Some(reopened) => messages = reopened,
-                    None => break,
-                }
-                opened = tokio::time::Instant::now();
-                continue;
-            }
-        };
-        let (sequence, redelivered) = match message.info() {
-            Ok(info) => (info.stream_sequence, info.delivered > 1),
-            Err(e) => {
-                tracing::warn!(error = %e, "JetStream message without delivery info; skipped");
-                continue;
-            }
-        };
-        let (message, acker) = message.split();
-        let subject = message.subject.as_str();
-        if !subject.starts_with(raw) && !subject.starts_with(join) {
-            // A broader existing stream: not ours to judge.
-            let _ = acker.ack().await;
-            continue;
+            _ = tokio::time::sleep_until(opened + REOPEN_EVERY) => {}
         }
-        let delivery = Delivery {
-            acker,
-            sequence,
-            redelivered,
-            stable_id: format!("{stream}-{sequence}"),
-        };
-        dispatcher.dispatch(message, Some(delivery)).await;
+        next = reopen().await?;
+        seen_before = highest;
     }
     tracing::info!(
         "shutdown: intake stopped; undispatched messages stay in the stream for redelivery"
