@@ -17,34 +17,12 @@ the egress stream".
 import asyncio
 import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 
 import nats
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(port, store):
-    server = subprocess.Popen(
-        ["nats-server", "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", store],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    for _ in range(250):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.1).close()
-            return server
-        except OSError:
-            time.sleep(0.02)
-    raise SystemExit("nats-server did not start")
+from nats_probe import free_port, start
 
 
 async def round_trip(sig, count, acked):
