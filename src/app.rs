@@ -356,7 +356,9 @@ async fn retrying<T>(
             _ = &mut stopped => return Ok(None),
             result = open() => match result {
                 Ok(opened) => return Ok(Some(opened)),
-                Err(e @ JetStreamError::Subjects { .. }) => return Err(e.into()),
+                Err(e @ (JetStreamError::Subjects { .. } | JetStreamError::Refused { .. })) => {
+                    return Err(e.into())
+                }
                 Err(e) => tracing::warn!(error = %e, "JetStream set-up failed; retrying in 2s"),
             },
         }

@@ -47,6 +47,24 @@ async fn create_stream(js: &jetstream::Context, config: stream::Config) {
         .unwrap_or_else(|e| panic!("stream {name}: {e}"));
 }
 
+/// The ingest stream as loopguard would create it, made before loopguard
+/// starts (so that a test can put a consumer of its own in it).
+async fn ingest_stream(js: &jetstream::Context) -> stream::Stream {
+    create_stream(
+        js,
+        stream::Config {
+            name: "LOOPGUARD_INGEST".into(),
+            subjects: vec!["chat.raw.>".into(), "chat.join.>".into()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            ..Default::default()
+        },
+    )
+    .await;
+    within("get stream", js.get_stream("LOOPGUARD_INGEST"))
+        .await
+        .expect("stream")
+}
+
 /// A client of `nats` and its JetStream context.
 async fn connect(nats: &NatsServer) -> (async_nats::Client, jetstream::Context) {
     let client = within("client", async_nats::connect(nats.url()))
@@ -558,19 +576,7 @@ async fn an_existing_stream_that_misses_the_subjects_stops_start_up_with_a_clear
 async fn an_existing_consumer_with_other_settings_is_named_in_a_warning() {
     let nats = NatsServer::start_jetstream();
     let (_, js) = connect(&nats).await;
-    create_stream(
-        &js,
-        stream::Config {
-            name: "LOOPGUARD_INGEST".into(),
-            subjects: vec!["chat.raw.>".into(), "chat.join.>".into()],
-            retention: stream::RetentionPolicy::WorkQueue,
-            ..Default::default()
-        },
-    )
-    .await;
-    let stream = within("get stream", js.get_stream("LOOPGUARD_INGEST"))
-        .await
-        .expect("stream");
+    let stream = ingest_stream(&js).await;
     within(
         "create consumer",
         stream.create_consumer(jetstream::consumer::pull::Config {
@@ -696,4 +702,39 @@ async fn an_ingest_stream_lost_with_a_server_restart_is_set_up_again() {
         "{}",
         lg.logs()
     );
+}
+
+/// A push consumer under loopguard's consumer name (put there by hand, or
+/// in place of a deleted one) can never serve its pulls: loopguard stops
+/// with an error that names it and says what to do, rather than retry for
+/// ever.
+#[tokio::test]
+async fn a_push_consumer_in_loopguards_place_stops_it_with_a_clear_error() {
+    let nats = NatsServer::start_jetstream();
+    let (_, js) = connect(&nats).await;
+    let stream = ingest_stream(&js).await;
+    within(
+        "create consumer",
+        stream.create_consumer(jetstream::consumer::push::Config {
+            durable_name: Some("loopguard".into()),
+            deliver_subject: "elsewhere".into(),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("consumer");
+    let mut lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
+    let status = within("loopguard stops", async {
+        loop {
+            if let Some(status) = lg.exit_status() {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let logs = lg.logs();
+    assert!(!status.success(), "{status:?}\n{logs}");
+    assert!(logs.contains("refuses loopguard's pulls"), "{logs}");
 }

@@ -56,7 +56,14 @@ pub struct Pull {
 /// each on average; removed once the message is acknowledged with every
 /// copy stored by a stream (`Worker::settle_acks`).
 #[derive(Clone)]
-pub struct Replay(moka::sync::Cache<u64, Arc<[Outbound]>>);
+pub struct Replay(moka::sync::Cache<ReplayKey, Arc<[Outbound]>>);
+
+/// A message in [`Replay`]: its stream's generation (how often loopguard
+/// has found the stream created again, numbering from 1 again) and its
+/// stream sequence. With the generation, a worker still finishing a
+/// message of the old stream cannot store or remove a decision under a
+/// number that now names another message.
+pub type ReplayKey = (u32, u64);
 
 /// What a decision may hold on average in [`Replay`]. A decision is
 /// weighed at its copies' bytes but at least this, so typical ones are
@@ -88,19 +95,20 @@ impl Replay {
 
     /// The message is acknowledged and its copies stored: a later
     /// redelivery (an acknowledgement lost on the way) is decided afresh.
-    pub fn remove(&self, sequence: u64) {
-        self.0.invalidate(&sequence);
+    pub fn remove(&self, key: ReplayKey) {
+        self.0.invalidate(&key);
     }
 
-    pub fn get(&self, sequence: u64) -> Option<Arc<[Outbound]>> {
-        self.0.get(&sequence)
+    pub fn get(&self, key: ReplayKey) -> Option<Arc<[Outbound]>> {
+        self.0.get(&key)
     }
 
-    pub fn insert(&self, sequence: u64, outbound: Arc<[Outbound]>) {
-        self.0.insert(sequence, outbound);
+    pub fn insert(&self, key: ReplayKey, outbound: Arc<[Outbound]>) {
+        self.0.insert(key, outbound);
     }
 
-    /// The stream was created again: its sequences name other messages.
+    /// The stream was created again: the decisions held are of messages
+    /// it no longer has.
     pub fn clear(&self) {
         self.0.invalidate_all();
     }
@@ -177,7 +185,13 @@ pub async fn consumer(
             },
         )
         .await
-        .map_err(|e| unavailable(&e))?;
+        .map_err(|e| match e.kind() {
+            stream::ConsumerErrorKind::InvalidConsumerType => JetStreamError::Refused {
+                consumer: config.consumer.clone(),
+                reason: e.to_string(),
+            },
+            _ => unavailable(&e),
+        })?;
     // An existing consumer keeps the settings it was created with.
     let held = &consumer.cached_info().config;
     let ack_wait = Duration::from_secs(config.ack_wait_seconds);
@@ -342,13 +356,19 @@ pub async fn run<E: From<JetStreamError>>(
     let (raw, join) = (raw.trim_end_matches('>'), join.trim_end_matches('>'));
     let stream = config.stream.as_str();
     tokio::pin!(stop);
-    let (mut highest, mut seen_before) = (0, 0);
+    let (mut highest, mut seen_before, mut generation) = (0, 0, 0);
     let mut created = first.created;
+    // On a work queue, a new consumer delivers what is left of the stream:
+    // nothing acknowledged, so a message it has seen before was decided and
+    // not finished. On other streams it starts from the stream's first
+    // message, finished ones too: those are decided again.
+    let workqueue = config.retention == Retention::Workqueue;
     let mut next = Some(first);
     while let Some(pull) = next.take() {
         if pull.created != created {
             tracing::warn!(%stream, "the stream was created again: its sequences start again");
             (highest, seen_before, created) = (0, 0, pull.created);
+            generation += 1;
             if let Some(replay) = replay {
                 replay.clear();
             }
@@ -396,8 +416,8 @@ pub async fn run<E: From<JetStreamError>>(
             }
             let delivery = Delivery {
                 acker,
-                sequence,
-                redelivered: delivered > 1 || sequence <= seen_before,
+                key: (generation, sequence),
+                redelivered: delivered > 1 || (workqueue && sequence <= seen_before),
                 stable_id: format!("{stream}-{sequence}"),
             };
             dispatcher.dispatch(message, Some(delivery)).await;
@@ -443,15 +463,18 @@ mod tests {
         // Small decisions: twice max_ack_pending of them.
         let replay = Replay::new(&config);
         for seq in 0..1000 {
-            replay.insert(seq, decision(100));
+            replay.insert((0, seq), decision(100));
         }
         replay.0.run_pending_tasks();
         assert_eq!(replay.0.entry_count(), 100);
-        assert!(replay.get(999).is_some(), "the newest decision is held");
+        assert!(
+            replay.get((0, 999)).is_some(),
+            "the newest decision is held"
+        );
         // Large ones: 4 KiB each on average, so 400 KiB of 64 KiB ones.
         let replay = Replay::new(&config);
         for seq in 0..1000 {
-            replay.insert(seq, decision(64 * 1024));
+            replay.insert((0, seq), decision(64 * 1024));
         }
         replay.0.run_pending_tasks();
         assert!(
@@ -460,11 +483,11 @@ mod tests {
             replay.0.weighted_size()
         );
         assert!(replay.0.entry_count() >= 5, "the newest stay");
-        assert!(replay.get(999).is_some());
+        assert!(replay.get((0, 999)).is_some());
         // Heavier than the whole: held, alone.
-        replay.insert(1000, decision(1 << 20));
+        replay.insert((0, 1000), decision(1 << 20));
         replay.0.run_pending_tasks();
-        assert!(replay.get(1000).is_some());
+        assert!(replay.get((0, 1000)).is_some());
     }
 
     #[test]

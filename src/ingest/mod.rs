@@ -42,8 +42,9 @@ pub const ANSWER_BATCH: usize = 1024;
 /// How a JetStream message is acknowledged, and what identifies it.
 pub struct Delivery {
     pub acker: async_nats::jetstream::message::Acker,
-    /// Stream sequence: the message's identity across redeliveries.
-    pub sequence: u64,
+    /// The message's identity across redeliveries, under which
+    /// `Worker::replay` keeps its outputs.
+    pub key: jetstream::ReplayKey,
     /// Delivered before (the server is redelivering it).
     pub redelivered: bool,
     /// Stands in for the id of a message that has none, so reprocessing
@@ -188,7 +189,7 @@ impl Worker {
         match (&delivery, &replay) {
             (Some(d), Some(replay)) => {
                 let earlier = if d.redelivered {
-                    replay.get(d.sequence)
+                    replay.get(d.key)
                 } else {
                     None
                 };
@@ -201,7 +202,7 @@ impl Worker {
                             .decide(origin, &message, Some(&d.stable_id))
                             .await
                             .into();
-                        replay.insert(d.sequence, outbound.clone());
+                        replay.insert(d.key, outbound.clone());
                         outbound
                     }
                 };
@@ -223,7 +224,7 @@ impl Worker {
         if let Some(d) = delivery {
             self.acks.push(Pending {
                 acker: d.acker,
-                sequence: d.sequence,
+                key: d.key,
                 sent,
                 flush,
                 answers_end: self.answers.len(),
@@ -323,7 +324,7 @@ impl Worker {
             // may have died with the connection, as the acknowledgement
             // did: its decision stays for a replay.
             if let (Some(replay), false) = (&self.replay, pending.flush) {
-                replay.remove(pending.sequence);
+                replay.remove(pending.key);
             }
         }
         // The next batch starts here, also when a policy call settled this
@@ -361,8 +362,8 @@ impl Worker {
 /// acknowledged.
 struct Pending {
     acker: async_nats::jetstream::message::Acker,
-    /// Its stream sequence, under which `Worker::replay` keeps its outputs.
-    sequence: u64,
+    /// Under which `Worker::replay` keeps its outputs.
+    key: jetstream::ReplayKey,
     /// Every output was handed to the client.
     sent: bool,
     /// Some outputs were core publishes, confirmed by the batch's flush.
