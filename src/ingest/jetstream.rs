@@ -48,7 +48,7 @@ pub struct Pull {
 }
 
 /// Decisions whose acknowledgement may not have reached the server, by
-/// stream sequence: a redelivery while the first outputs are not yet
+/// [`ReplayKey`] (the stream sequence): a redelivery while the first outputs are not yet
 /// confirmed (in flight, or a NATS outage of any length) republishes them
 /// instead of deciding again (which would see its own earlier approval,
 /// e.g. as a duplicate). Bounded (the least recently used go first) to
