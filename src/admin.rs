@@ -37,7 +37,8 @@ pub const MAX_CONTEXT_BYTES: usize = 4 * 1024 * 1024;
 /// Time a client has to send its request head.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// What `/readyz` answers: subscribed (a latch), connected now, not draining.
+/// What `/readyz` answers: subscribed (messages can come in), connected
+/// now, not draining.
 #[derive(Default)]
 pub struct Readiness {
     subscribed: AtomicBool,
@@ -46,10 +47,17 @@ pub struct Readiness {
 }
 
 impl Readiness {
-    /// Called once both subscriptions exist.
+    /// Called once both subscriptions (or the JetStream consumer) exist,
+    /// and again when a lost consumer is open again.
     pub fn subscribed(&self, client: async_nats::Client) {
         let _ = self.client.set(client);
         self.subscribed.store(true, Ordering::SeqCst);
+    }
+
+    /// Called when the JetStream consumer is lost: until it is open again
+    /// no message comes in, connected or not.
+    pub fn unsubscribed(&self) {
+        self.subscribed.store(false, Ordering::SeqCst);
     }
 
     /// Called when shutdown starts: load balancers should stop sending.
@@ -195,7 +203,7 @@ pub fn handle(admin: &Admin, req: Request<Incoming>) -> Reply {
             } else {
                 text(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "not ready: not connected to NATS, not subscribed, or draining\n",
+                    "not ready: not connected to NATS, not subscribed (or the JetStream consumer is lost), or draining\n",
                 )
             }
         }

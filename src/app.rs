@@ -62,7 +62,23 @@ pub async fn run(
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let judge = Arc::new(Judge::new(settings.clone(), clock.clone(), metrics.clone()));
 
-    // HTTP first: /healthz answers and /readyz says 503 while NATS is not
+    // Reloads first: from here on a SIGHUP reloads rather than kills.
+    if let Some(Reloader { load, path }) = reload {
+        let load = Arc::new(load);
+        reload_on_sighup(load.clone(), judge.clone(), metrics.clone());
+        let every = config.reload.watch_seconds;
+        if let (Some(path), true) = (path, every > 0) {
+            tokio::spawn(reload_on_change(
+                load,
+                path,
+                Duration::from_secs(every),
+                judge.clone(),
+                metrics.clone(),
+            ));
+        }
+    }
+
+    // Then HTTP: /healthz answers and /readyz says 503 while NATS is not
     // there yet.
     let listener = tokio::net::TcpListener::bind(&config.http.listen)
         .await
@@ -88,25 +104,6 @@ pub async fn run(
             by_state: Default::default(),
         }),
     ));
-
-    if let Some(Reloader { load, path }) = reload {
-        let load = Arc::new(load);
-        tokio::spawn(reload_on_sighup(
-            load.clone(),
-            judge.clone(),
-            metrics.clone(),
-        ));
-        let every = config.reload.watch_seconds;
-        if let (Some(path), true) = (path, every > 0) {
-            tokio::spawn(reload_on_change(
-                load,
-                path,
-                Duration::from_secs(every),
-                judge.clone(),
-                metrics.clone(),
-            ));
-        }
-    }
 
     let client = connect(&settings, &metrics).await?;
     // One stop signal, observable by every stage: set-up retries, intake
@@ -187,10 +184,17 @@ pub async fn run(
                 Ok(())
             }
             Intake::JetStream(messages) => {
+                // Not ready from the loss until the consumer is open again:
+                // no message comes in meanwhile.
                 let reopen = async || {
+                    readiness.unsubscribed();
                     let open =
                         async || ingest::jetstream::consumer(&client, jetstream, &subjects).await;
-                    retrying(open, stopped()).await
+                    let pull = retrying(open, stopped()).await?;
+                    if pull.is_some() {
+                        readiness.subscribed(client.clone());
+                    }
+                    Ok(pull)
                 };
                 ingest::jetstream::run(
                     *messages,
@@ -288,8 +292,9 @@ async fn reload_on_change(
     }
 }
 
-/// Applies a new configuration on every SIGHUP.
-async fn reload_on_sighup(reload: Arc<Reload>, judge: Arc<Judge>, metrics: Metrics) {
+/// Applies a new configuration on every SIGHUP, listening from this call on
+/// (until then a SIGHUP's default action would end the process).
+fn reload_on_sighup(reload: Arc<Reload>, judge: Arc<Judge>, metrics: Metrics) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
@@ -300,9 +305,11 @@ async fn reload_on_sighup(reload: Arc<Reload>, judge: Arc<Judge>, metrics: Metri
                 return;
             }
         };
-        while hup.recv().await.is_some() {
-            apply_reload(&reload, &judge, &metrics, "SIGHUP");
-        }
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                apply_reload(&reload, &judge, &metrics, "SIGHUP");
+            }
+        });
     }
     #[cfg(not(unix))]
     let _ = (reload, judge, metrics);

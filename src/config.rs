@@ -30,6 +30,16 @@ pub enum ConfigError {
     Invalid { key: String, message: String },
 }
 
+/// The most a duration key that becomes a timer, a cache expiry or a
+/// JetStream setting may say: ten years. Far beyond it the clocks overflow
+/// (moka refuses an expiry past 1000 years; JetStream durations are
+/// nanoseconds in an i64, about 292 years).
+pub const MAX_SECONDS: u64 = 315_360_000;
+
+/// The most `nats.subscription_capacity` may say (tokio's channels refuse
+/// absurd capacities); a buffer this long already holds gigabytes.
+pub const MAX_SUBSCRIPTION_CAPACITY: usize = 16_777_216;
+
 fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),
@@ -181,10 +191,16 @@ impl JetStreamConfig {
         if self.replicas == 0 || self.replicas > 5 {
             return Err(invalid("nats.jetstream.replicas", "must be 1 to 5"));
         }
-        if self.ack_wait_seconds == 0 {
+        if !(1..=MAX_SECONDS).contains(&self.ack_wait_seconds) {
             return Err(invalid(
                 "nats.jetstream.ack_wait_seconds",
-                "must be at least 1",
+                format!("must be 1 to {MAX_SECONDS} (ten years)"),
+            ));
+        }
+        if self.max_age_seconds > MAX_SECONDS {
+            return Err(invalid(
+                "nats.jetstream.max_age_seconds",
+                format!("must be 0 (unlimited) to {MAX_SECONDS} (ten years)"),
             ));
         }
         if self.max_ack_pending == 0 {
@@ -286,19 +302,32 @@ impl NatsConfig {
             methods.push(NatsAuth::Token(self.token.clone()));
         }
         if set(&self.credentials_file) {
-            if !Path::new(&self.credentials_file).is_file() {
+            // Read and parsed here, so `--check` and start-up refuse a file
+            // that connecting would (its contents are never shown).
+            let path = &self.credentials_file;
+            let contents = std::fs::read_to_string(path).map_err(|e| {
+                invalid(
+                    "nats.credentials_file",
+                    format!("{path:?} cannot be read: {e}"),
+                )
+            })?;
+            if let Err(e) = async_nats::ConnectOptions::new().credentials(&contents) {
                 return Err(invalid(
                     "nats.credentials_file",
-                    format!("{:?} is not a readable file", self.credentials_file),
+                    format!("{path:?} is not a credentials file: {e}"),
                 ));
             }
             methods.push(NatsAuth::CredentialsFile(self.credentials_file.clone()));
         }
         if set(&self.nkey_seed) {
-            if !self.nkey_seed.starts_with("SU") {
+            // The checksum and the key type, as connecting would (the seed
+            // itself is never shown).
+            let user = nkeys::KeyPair::from_seed(&self.nkey_seed)
+                .is_ok_and(|k| k.key_pair_type() == nkeys::KeyPairType::User);
+            if !user {
                 return Err(invalid(
                     "nats.nkey_seed",
-                    "is not a user nkey seed (it starts with SU)",
+                    "is not a user nkey seed (SU…, as `nsc` or `nk -gen user` print it)",
                 ));
             }
             methods.push(NatsAuth::NkeySeed(self.nkey_seed.clone()));
@@ -915,8 +944,11 @@ impl Config {
         self.nats.validate_tls()?;
         self.nats.jetstream.validate()?;
         validate_prefix(&self.nats.prefix)?;
-        if self.nats.subscription_capacity == 0 {
-            return Err(invalid("nats.subscription_capacity", "must be at least 1"));
+        if !(1..=MAX_SUBSCRIPTION_CAPACITY).contains(&self.nats.subscription_capacity) {
+            return Err(invalid(
+                "nats.subscription_capacity",
+                format!("must be 1 to {MAX_SUBSCRIPTION_CAPACITY}"),
+            ));
         }
         self.http.listen.parse::<SocketAddr>().map_err(|e| {
             invalid(
@@ -951,8 +983,14 @@ impl Config {
         if self.state.context_messages > 256 {
             return Err(invalid("state.context_messages", "must be 0 to 256"));
         }
-        if self.state.idle_seconds == 0 {
-            return Err(invalid("state.idle_seconds", "must be at least 1"));
+        if !(1..=MAX_SECONDS).contains(&self.state.idle_seconds) {
+            return Err(invalid(
+                "state.idle_seconds",
+                format!("must be 1 to {MAX_SECONDS} (ten years)"),
+            ));
+        }
+        if self.reload.watch_seconds > 86_400 {
+            return Err(invalid("reload.watch_seconds", "must be 0 (off) to 86400"));
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(invalid(
@@ -981,12 +1019,14 @@ impl Config {
                     agents.push(name);
                 }
             }
-            if agents.len() > crate::state::MAX_AGENTS {
+            if agents.len() > crate::state::MAX_PINNED {
                 return Err(invalid(
                     format!("{key}.agents"),
                     format!(
-                        "lists {} agents; a world's roster holds at most {}",
+                        "lists {} agents; at most {} (half a world's roster of {}, so \
+                         agents not listed find a place too)",
                         agents.len(),
+                        crate::state::MAX_PINNED,
                         crate::state::MAX_AGENTS
                     ),
                 ));
@@ -1337,18 +1377,18 @@ mod tests {
     }
 
     #[test]
-    fn a_world_lists_at_most_a_full_roster_of_distinct_agents() {
+    fn a_world_lists_at_most_half_a_roster_of_distinct_agents() {
         let list = |n: usize| {
             let names: Vec<String> = (0..n).map(|i| format!("\"a{i}\"")).collect();
             format!("[worlds.w]\nagents = [{}]\n", names.join(","))
         };
-        let too_many = error_of(&list(crate::state::MAX_AGENTS + 1), &[]);
+        let too_many = error_of(&list(crate::state::MAX_PINNED + 1), &[]);
         assert!(
-            too_many.contains("worlds.w.agents") && too_many.contains("1025"),
+            too_many.contains("worlds.w.agents") && too_many.contains("513"),
             "{too_many}"
         );
-        let full = load_toml(&list(crate::state::MAX_AGENTS), &[]).unwrap();
-        assert_eq!(full.world(&Name::parse("w").unwrap()).agents.len(), 1024);
+        let full = load_toml(&list(crate::state::MAX_PINNED), &[]).unwrap();
+        assert_eq!(full.world(&Name::parse("w").unwrap()).agents.len(), 512);
         // The same name twice (in any case) is one agent.
         let twice = load_toml("[worlds.w]\nagents = [\"Bob\", \"bob\"]\n", &[]).unwrap();
         assert_eq!(twice.world(&Name::parse("w").unwrap()).agents.len(), 1);
@@ -1464,14 +1504,35 @@ mod tests {
         let s = load_toml("[nats]\nurl = \"nats://u:pw-in-url@h:4222\"\n", &[]).unwrap();
         assert!(!format!("{:?}", s.config).contains("pw-in-url"));
         assert!(error_of("[nats]\nuser = \"lg\"\n", &[]).contains("nats.user"));
-        assert!(
-            error_of("[nats]\ntoken = \"t\"\nnkey_seed = \"SUABC\"\n", &[]).contains("only one")
-        );
+        let seed = nkeys::KeyPair::new_user().seed().unwrap();
+        let both = format!("[nats]\ntoken = \"t\"\nnkey_seed = \"{seed}\"\n");
+        assert!(error_of(&both, &[]).contains("only one"));
         assert!(error_of("[nats]\nnkey_seed = \"XX\"\n", &[]).contains("nats.nkey_seed"));
         assert!(
             error_of("[nats]\ncredentials_file = \"/nope.creds\"\n", &[])
                 .contains("nats.credentials_file")
         );
+        // Seeds and credentials files are parsed as connecting would.
+        let account = nkeys::KeyPair::new_account().seed().unwrap();
+        let seed_toml = |s: &str| format!("[nats]\nnkey_seed = \"{s}\"\n");
+        assert!(load_toml(&seed_toml(&seed), &[]).is_ok());
+        for bad in [&account, &seed[..seed.len() - 1], "SUABC"] {
+            let e = error_of(&seed_toml(bad), &[]);
+            assert!(e.contains("nats.nkey_seed") && !e.contains(bad), "{e}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let creds = dir.path().join("user.creds");
+        let creds_toml = format!("[nats]\ncredentials_file = {:?}\n", creds.to_str().unwrap());
+        let jwt =
+            "-----BEGIN NATS USER JWT-----\neyJhbGciOi.x.y\n------END NATS USER JWT------\n\n";
+        let key = "-----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n";
+        std::fs::write(&creds, format!("{jwt}{}", key.replace("{}", &seed))).unwrap();
+        assert!(load_toml(&creds_toml, &[]).is_ok());
+        for bad in [jwt.to_string(), "not a creds file".to_string()] {
+            std::fs::write(&creds, bad).unwrap();
+            let e = error_of(&creds_toml, &[]);
+            assert!(e.contains("is not a credentials file"), "{e}");
+        }
         assert!(error_of("[nats.tls]\nca_file = \"/nope.pem\"\n", &[]).contains("nats.tls.ca_file"));
         let e = error_of("", &[("LOOPGUARD__NATS__TLS__REQUIRED", "maybe")]);
         assert!(

@@ -22,22 +22,39 @@ pub fn report(
 ) -> Option<Outbound> {
     let world = d.world.as_ref().map_or("", |w| w.as_str());
     let rule = d.rule.map_or("", RuleName::as_str);
-    // The id and a reason (a policy service's own words) are a client's
+    // The id, a reason (a policy service's own words) and the sender of an
+    // invalid subject (any Unicode but control characters) are a client's
     // text: recorded as strings, which the text format writes quoted and
     // escaped (a newline cannot start a forged line, a space cannot fake a
     // field) and the JSON format as JSON strings.
-    let (id, reason) = (d.id.as_str(), &*d.reason);
+    let (id, reason, sender) = (d.id.as_str(), &*d.reason, d.sender.as_str());
     match d.outcome {
         Outcome::Rejected => tracing::debug!(
-            world, sender = %d.sender, kind = d.kind.map_or("", SenderKind::as_str),
-            id, rule, reason, "message rejected"
+            world,
+            sender,
+            kind = d.kind.map_or("", SenderKind::as_str),
+            id,
+            rule,
+            reason,
+            "message rejected"
         ),
         _ => {
-            tracing::trace!(world, sender = %d.sender, id, outcome = d.outcome.as_str(), "message delivered")
+            tracing::trace!(
+                world,
+                sender,
+                id,
+                outcome = d.outcome.as_str(),
+                "message delivered"
+            )
         }
     }
     if let Some(handoff) = d.handoff {
-        tracing::info!(world, sender = %d.sender, reason = handoff.as_str(), "control handed back to a human");
+        tracing::info!(
+            world,
+            sender,
+            reason = handoff.as_str(),
+            "control handed back to a human"
+        );
         metrics.handoff(handoff);
     }
 

@@ -120,8 +120,10 @@ pub struct PolicyCheck {
 /// [`commit`]: right away, or once the policy service approved.
 #[derive(Debug, Clone)]
 struct Effects {
-    /// The agent turn count the message takes (agents only).
-    turn: Option<u32>,
+    /// An approved agent message: the world's turn count goes up by one.
+    /// Added at commit, not set to the count the message was judged at: a
+    /// reset while the policy hook answered (`POST …/reset`) stays a reset.
+    takes_turn: bool,
     /// Content words for `similar` (none for an edited pass).
     words: Option<rules::similar::Words>,
     /// The id as the world remembers it: a thread's first message shares
@@ -144,8 +146,8 @@ struct Effects {
 }
 
 fn commit(w: &mut WorldState, e: Effects) {
-    if let Some(turn) = e.turn {
-        w.turns = turn;
+    if e.takes_turn {
+        w.turns = w.turns.saturating_add(1);
     }
     if let Some(words) = e.words {
         w.remember_words(e.now, words);
@@ -625,7 +627,8 @@ impl Judge {
             Arc::from(d.id.as_str())
         };
         let effects = Effects {
-            turn: is_agent.then_some(d.turn),
+            // A pass reset the turns above and takes none.
+            takes_turn: is_agent && d.outcome != Outcome::Edited,
             words: (d.outcome != Outcome::Edited).then_some(words),
             id,
             lineage,
@@ -1306,5 +1309,35 @@ mod tests {
             .is_none());
         let d = rig.send("agent", "alice", "@zed hi");
         assert_eq!(d.delivered_to, ["private.zed"]);
+    }
+
+    /// A reset that lands while the policy hook answers stays a reset: the
+    /// approval then adds its one turn to the cleared count, instead of
+    /// writing back the count it was judged at (which paused the world
+    /// again right after an operator's reset).
+    #[test]
+    fn a_reset_during_a_policy_answer_is_not_undone() {
+        let rig = Rig::new(|c| {
+            c.rules.turns.max = 3;
+            (
+                c.rules.depth.max,
+                c.rules.rate.max,
+                c.rules.cooldown.seconds,
+            ) = (0, 0, 0);
+            c.rules.policy.subject = "policy.check".into();
+        });
+        let world = Name::parse("w").unwrap();
+        let turns = || state::lock(&rig.judge.worlds().get(&world).unwrap()).turns;
+        for (i, reset) in [false, false, true].into_iter().enumerate() {
+            let mut d = rig.send("agent", "alice", &format!("point {i}"));
+            let check = d.policy.take().expect("asks the policy hook");
+            if reset {
+                state::lock(&rig.judge.worlds().get(&world).unwrap()).reset();
+            }
+            let d = rig.judge.finish(d, check, PolicyOutcome::Approve);
+            assert_eq!(d.outcome, Outcome::Approved);
+            rig.advance(1);
+        }
+        assert_eq!(turns(), 1, "the reset's 0, and this message's turn");
     }
 }

@@ -77,10 +77,15 @@ fn main() -> ExitCode {
         load: Box::new(move || Config::load(path.as_deref(), std::env::vars())),
         path: args.config.clone(),
     };
+    // Listening first: a signal during start-up is handled, not fatal.
+    let signals = {
+        let _runtime = runtime.enter();
+        loopguard::shutdown::Signals::listen()
+    };
     let result = runtime.block_on(loopguard::app::run(
         settings,
         async {
-            let signal = loopguard::shutdown::signal().await;
+            let signal = signals.recv().await;
             tracing::info!(signal, "shutdown: signal received");
         },
         Some(reload),

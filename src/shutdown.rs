@@ -1,25 +1,59 @@
 //! Shutdown signals: SIGTERM (how orchestrators stop us) and SIGINT (Ctrl-C).
 
-/// Resolves when the process is asked to stop; returns the signal's name.
-pub async fn signal() -> &'static str {
+/// Listens for SIGTERM and SIGINT from the moment it is made (within the
+/// runtime), so a signal that comes while loopguard is still starting, before
+/// anything awaits it, stops it gracefully rather than by the default action
+/// (killed, exit 143).
+pub struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => tokio::select! {
-                _ = term.recv() => "SIGTERM",
-                _ = tokio::signal::ctrl_c() => "SIGINT",
-            },
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM; only SIGINT stops loopguard");
-                let _ = tokio::signal::ctrl_c().await;
-                "SIGINT"
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    /// Must be called within the runtime.
+    pub fn listen() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let open = |kind, name: &str| match signal(kind) {
+                Ok(listener) => Some(listener),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for {name}; it will not stop loopguard gracefully");
+                    None
+                }
+            };
+            Signals {
+                term: open(SignalKind::terminate(), "SIGTERM"),
+                int: open(SignalKind::interrupt(), "SIGINT"),
             }
         }
+        #[cfg(not(unix))]
+        Signals {}
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-        "SIGINT"
+
+    /// Resolves when the process is asked to stop; returns the signal's name.
+    pub async fn recv(self) -> &'static str {
+        #[cfg(unix)]
+        {
+            async fn next(listener: Option<tokio::signal::unix::Signal>) {
+                match listener {
+                    Some(mut listener) => {
+                        listener.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+            tokio::select! {
+                _ = next(self.term) => "SIGTERM",
+                _ = next(self.int) => "SIGINT",
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        }
     }
 }

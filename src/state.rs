@@ -21,6 +21,10 @@ use crate::rules::similar::Words;
 
 /// Most agents on one world's roster; the least recently seen go first.
 pub const MAX_AGENTS: usize = 1024;
+/// Most agents a world's config may list (pin): half the roster, so an
+/// agent it does not list always finds a place, and its cooldown and rate
+/// are counted (a roster full of pinned agents had none to give up).
+pub const MAX_PINNED: usize = MAX_AGENTS / 2;
 /// Most approved messages remembered per world for parent lookups.
 pub const MAX_REMEMBERED: usize = 1024;
 /// Most contents held in a world's duplicate window.
@@ -337,12 +341,19 @@ impl WorldState {
         }
         // Newly pinned agents may overfill a full roster: the least
         // recently seen unpinned ones leave (config lists at most
-        // MAX_AGENTS, so this ends).
+        // MAX_PINNED, so this ends).
         while self.agents.len() > MAX_AGENTS {
             let Some(oldest) = self.least_recently_seen_unpinned() else {
                 break;
             };
             self.agents.remove(oldest.as_str());
+        }
+        let max = settings.rules.turns.max;
+        if self.paused && (max == 0 || self.turns < max) {
+            // The limit went up (or off) past the turns taken: agents are
+            // approved again, so the next time they reach the limit its
+            // first rejection sends a hand-back notice again.
+            self.paused = false;
         }
         if settings.rules.alternation.max_cycles == 0 {
             // Off keeps no speaker history: turned on again, the rule counts
@@ -1428,6 +1439,48 @@ mod tests {
         }
         assert!(w.roster_get("a0", later).is_none(), "the oldest left");
         assert!(w.roster_get("a10", later).is_some());
+    }
+
+    /// However many agents a world's config pins (at most MAX_PINNED), an
+    /// agent it does not list gets a place on a full roster, so its
+    /// cooldown and rate are counted: with a roster all pinned it had none.
+    #[test]
+    fn an_unlisted_agent_finds_a_place_beside_the_most_pinned() {
+        let pinned: Vec<String> = (0..MAX_PINNED).map(|i| format!("p{i}")).collect();
+        let pinned: Vec<&str> = pinned.iter().map(String::as_str).collect();
+        let (mut w, t0) = world(&pinned);
+        for i in 0..2 * MAX_AGENTS {
+            w.touch_agent(
+                &name(&format!("u{i}")),
+                t0 + Duration::from_millis(i as u64),
+            );
+        }
+        let later = t0 + Duration::from_secs(10);
+        w.touch_agent(&name("mallory"), later);
+        assert!(w.agent(&name("mallory")).is_some());
+        assert_eq!(w.roster(later).len(), MAX_AGENTS);
+        assert!(pinned.iter().all(|p| w.roster_get(p, later).is_some()));
+    }
+
+    /// A pause ends when a reload lifts the turn limit past the turns
+    /// taken (or turns it off), and stays when the limit is still reached.
+    #[test]
+    fn a_reload_lifting_the_turn_limit_ends_the_pause() {
+        let with_turns = |max| {
+            let mut rules = RulesConfig::default();
+            rules.turns.max = max;
+            Arc::new(WorldSettings {
+                agents: Vec::new(),
+                rules,
+            })
+        };
+        for (max, paused) in [(3, true), (2, true), (4, false), (0, false)] {
+            let (mut w, t0) = world(&[]);
+            (w.turns, w.paused) = (3, true);
+            w.apply_settings(&with_turns(max), t0);
+            assert_eq!(w.paused, paused, "max {max}");
+            assert_eq!(w.turns, 3, "max {max}: turns are kept");
+        }
     }
 
     #[test]

@@ -62,6 +62,33 @@ fn check_and_start_up_exit_2_naming_the_key() {
             "state.max_worlds",
         ),
         ("[state]\nmax_bytes = 16000000\n", &[], "state.max_bytes"),
+        // Past what moka's expiry and tokio's channels hold: before their
+        // bounds, these passed --check and panicked at start-up (exit 101).
+        (
+            "[state]\nidle_seconds = 40000000000\n",
+            &[],
+            "state.idle_seconds",
+        ),
+        (
+            "",
+            &[(
+                "LOOPGUARD__NATS__SUBSCRIPTION_CAPACITY",
+                "2305843009213693952",
+            )],
+            "nats.subscription_capacity",
+        ),
+        (
+            "",
+            &[("LOOPGUARD__RELOAD__WATCH_SECONDS", "18446744073709551615")],
+            "reload.watch_seconds",
+        ),
+        // A credentials file that is not one: refused here, not at connect
+        // (exit 1).
+        (
+            "[nats]\ncredentials_file = \"Cargo.toml\"\n",
+            &[],
+            "nats.credentials_file",
+        ),
     ];
     for (toml, env, key) in cases {
         for args in [&["--check"][..], &[][..]] {

@@ -367,8 +367,9 @@ async fn json_logs_are_one_object_per_line() {
     assert_eq!(rejection["fields"]["sender"], "alice");
 }
 
-/// Ids and reasons are a client's text: in text logs, a newline in one
-/// must not start a line of its own.
+/// Ids, reasons and senders that are no name are a client's text: in text
+/// logs they are quoted, and a newline in one must not start a line of its
+/// own.
 #[tokio::test]
 async fn client_text_cannot_forge_a_log_line() {
     let mut h = Harness::start("[log]\nlevel = \"debug\"\n").await;
@@ -398,6 +399,22 @@ async fn client_text_cannot_forge_a_log_line() {
     assert!(
         !logs.lines().any(|l| l.starts_with("2026-11-22T00:00:00")),
         "no line of the client's making"
+    );
+
+    // A sender token that is no name (a no-break space here, which the
+    // server passes on) is quoted too: it cannot pass for a field of its own.
+    let subject = "chat.raw.w.agent.x\u{a0}rule=pass";
+    let op = format!("PUB {subject} 2\r\nhi\r\n");
+    support::publish_raw(&h.nats.url(), op.as_bytes()).await;
+    h.loopguard.until_logged(r#"world="w" sender="x"#, 1).await;
+    let logs = h.loopguard.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("message rejected") && l.contains(r#"world="w" sender="x"#))
+        .expect("the invalid message's line");
+    assert!(
+        line.contains(r#"sender="x\u{a0}rule=pass""#),
+        "the sender is quoted and escaped: {line}"
     );
 }
 

@@ -704,6 +704,62 @@ async fn an_ingest_stream_lost_with_a_server_restart_is_set_up_again() {
     );
 }
 
+/// JetStream gone from the server loopguard reconnects to (restarted
+/// without it): loopguard is connected, but its consumer is lost and cannot
+/// be opened again, so `/readyz` answers 503 and `loopguard_ready` is 0
+/// (`LoopguardNotReady` can fire) until JetStream is back and the consumer
+/// is open again. Before, it stayed ready while nothing came in.
+#[tokio::test]
+async fn a_lost_consumer_is_not_ready_until_it_is_open_again() {
+    const N: usize = 10;
+    let mut nats = NatsServer::start_jetstream();
+    let (client, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    let lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
+    until_ready(&lg).await;
+    let addr = lg.http_addr().await;
+
+    nats.stop();
+    let without_jetstream = NatsServer::start_on(nats.port);
+    let not_ready = async {
+        while !lg.logs().contains("JetStream set-up failed")
+            || http(&addr, "GET", "/readyz", &[]).await.0 != 503
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(45), not_ready)
+        .await
+        .unwrap_or_else(|_| panic!("not reported not ready\n{}", lg.logs()));
+    // Connected all the while: what is missing is the consumer.
+    let scrape = support::Scrape::take(&addr).await;
+    assert_eq!(
+        scrape.get("loopguard_nats_connected", &[]),
+        1.0,
+        "{}",
+        lg.logs()
+    );
+    assert_eq!(scrape.get("loopguard_ready", &[]), 0.0, "{}", lg.logs());
+    assert!(
+        lg.logs().contains("opening the consumer again"),
+        "{}",
+        lg.logs()
+    );
+
+    drop(without_jetstream);
+    nats.restart();
+    until_ready(&lg).await;
+    within("client reconnected", async {
+        while client.connection_state() != async_nats::connection::State::Connected {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    publish_messages(&js, 0..N).await;
+    until_stream_holds(&js, "EGRESS", N as u64, &lg).await;
+    until_ingest_acknowledged(&js, &lg).await;
+}
+
 /// A push consumer under loopguard's consumer name (put there by hand, or
 /// in place of a deleted one) can never serve its pulls: loopguard stops
 /// with an error that names it and says what to do, rather than retry for
