@@ -186,11 +186,22 @@ def main():
                 "config.worlds.bad\\.name.agents={x}", "config.state.context_messages=300", "config.rules.policy.timeout_ms=20000",
                 "config.nats.jetstream.retention=forever", "updateStrategy.type=Sometimes",
                 "config.state.idle_seconds=315360001", "config.nats.jetstream.ack_wait_seconds=315360001",
-                "config.nats.subscription_capacity=16777217", "config.reload.watch_seconds=86401"]:
+                "config.nats.subscription_capacity=16777217", "config.reload.watch_seconds=86401",
+                # combinations loopguard refuses: a rule on with no window, one auth method at a time
+                "config.rules.rate.window_seconds=0", "config.rules.budget.max=5,config.rules.budget.window_seconds=0",
+                "config.rules.similar.threshold=0.5,config.rules.similar.window_seconds=0",
+                "config.worlds.lobby.rules.rate.max=3,config.worlds.lobby.rules.rate.window_seconds=0",
+                "auth.natsUser=lg", "auth.natsPassword=pw", "auth.natsUser=lg,auth.natsPassword=pw,auth.natsToken=t",
+                "auth.natsToken=t,auth.credentialsSecret=creds"]:
         p = helm("template", "lg", CHART, "--set", bad, expect_ok=False)
         if p.returncode == 0:
             fail(f"the schema accepted --set {bad}")
-    ok("values.schema.json rejects wrong types, unknown keys and bad names")
+    for good in ["config.rules.rate.max=0,config.rules.rate.window_seconds=0", "auth.natsUser=lg,auth.natsPassword=pw",
+                 "auth.natsToken=t", "auth.existingSecret=mine,auth.natsUser=ignored"]:
+        p = helm("template", "lg", CHART, "--set", good, expect_ok=False)
+        if p.returncode != 0:
+            fail(f"the schema refused --set {good}: {p.stderr}")
+    ok("values.schema.json rejects wrong types, unknown keys, bad names, out-of-range values and combinations loopguard refuses")
 
     # 5. PrometheusRule == config/prometheus/alerts.yml, and promtool agrees
     rule = by_kind(rendered["full"][1], "PrometheusRule")
