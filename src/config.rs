@@ -1185,6 +1185,29 @@ type EnvOverrides = (Vec<(String, String)>, Vec<(String, Vec<String>)>);
 /// variable, or, for per-world sections, accept what the contract forbids),
 /// and `LOOPGUARD_X__Y`, a likely typo of `LOOPGUARD__X__Y` that would
 /// otherwise be ignored.
+/// The process environment as [`Config::load`] reads it: only variables
+/// whose name starts with `LOOPGUARD` (any other may hold anything, bytes
+/// that are not UTF-8 included, and is none of loopguard's business). One of
+/// those that is not UTF-8 is refused, naming it.
+pub fn environment() -> Result<Vec<(String, String)>, ConfigError> {
+    let mut vars = Vec::new();
+    for (var, value) in std::env::vars_os() {
+        if !var.as_encoded_bytes().starts_with(b"LOOPGUARD") {
+            continue;
+        }
+        match (var.into_string(), value.into_string()) {
+            (Ok(var), Ok(value)) => vars.push((var, value)),
+            (var, _) => {
+                return Err(ConfigError::Env {
+                    var: var.unwrap_or_else(|v| v.to_string_lossy().into_owned()),
+                    message: "is not UTF-8".into(),
+                })
+            }
+        }
+    }
+    Ok(vars)
+}
+
 fn env_overrides(
     env: impl IntoIterator<Item = (String, String)>,
 ) -> Result<EnvOverrides, ConfigError> {

@@ -40,7 +40,9 @@ fn init_logs(log: &loopguard::config::LogConfig) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let settings = match Config::load(args.config.as_deref(), std::env::vars()) {
+    let loaded =
+        loopguard::config::environment().and_then(|env| Config::load(args.config.as_deref(), env));
+    let settings = match loaded {
         Ok(settings) => settings,
         Err(e) => {
             eprintln!("loopguard: invalid configuration: {e}");
@@ -74,7 +76,7 @@ fn main() -> ExitCode {
     };
     let path = args.config.clone();
     let reload = loopguard::app::Reloader {
-        load: Box::new(move || Config::load(path.as_deref(), std::env::vars())),
+        load: Box::new(move || Config::load(path.as_deref(), loopguard::config::environment()?)),
         path: args.config.clone(),
     };
     // Listening first: a signal during start-up is handled, not fatal.

@@ -103,6 +103,35 @@ fn check_and_start_up_exit_2_naming_the_key() {
     }
 }
 
+/// The environment may hold variables that are not UTF-8: one that is not
+/// loopguard's is none of its business (reading the whole environment as
+/// UTF-8 panicked), and one of its own is refused naming it.
+#[cfg(unix)]
+#[test]
+fn variables_that_are_not_utf8_are_ignored_or_named() {
+    use std::os::unix::ffi::OsStrExt;
+    let not_utf8 = std::ffi::OsStr::from_bytes(b"caf\xe9");
+    let check = |var: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_loopguard"))
+            .arg("--check")
+            .env_remove("LOOPGUARD_CONFIG")
+            .env(var, not_utf8)
+            .output()
+            .expect("binary runs");
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code().unwrap_or(-1), text)
+    };
+    let (code, text) = check("SOMEONE_ELSES");
+    assert_eq!(code, 0, "{text}");
+    let (code, text) = check("LOOPGUARD__MODE");
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("LOOPGUARD__MODE") && text.contains("not UTF-8"),
+        "{text}"
+    );
+}
+
 #[test]
 fn a_missing_config_file_exits_2() {
     let (code, text) = run(&["--config", "/nonexistent/loopguard.toml"], &[], None);
