@@ -302,34 +302,9 @@ impl NatsConfig {
             methods.push(NatsAuth::Token(self.token.clone()));
         }
         if set(&self.credentials_file) {
-            // Read and parsed here, so `--check` and start-up refuse a file
-            // that connecting would (its contents are never shown).
-            let path = &self.credentials_file;
-            let contents = std::fs::read_to_string(path).map_err(|e| {
-                invalid(
-                    "nats.credentials_file",
-                    format!("{path:?} cannot be read: {e}"),
-                )
-            })?;
-            if let Err(e) = async_nats::ConnectOptions::new().credentials(&contents) {
-                return Err(invalid(
-                    "nats.credentials_file",
-                    format!("{path:?} is not a credentials file: {e}"),
-                ));
-            }
             methods.push(NatsAuth::CredentialsFile(self.credentials_file.clone()));
         }
         if set(&self.nkey_seed) {
-            // The checksum and the key type, as connecting would (the seed
-            // itself is never shown).
-            let user = nkeys::KeyPair::from_seed(&self.nkey_seed)
-                .is_ok_and(|k| k.key_pair_type() == nkeys::KeyPairType::User);
-            if !user {
-                return Err(invalid(
-                    "nats.nkey_seed",
-                    "is not a user nkey seed (SU…, as `nsc` or `nk -gen user` print it)",
-                ));
-            }
             methods.push(NatsAuth::NkeySeed(self.nkey_seed.clone()));
         }
         match methods.len() {
@@ -340,6 +315,42 @@ impl NatsConfig {
                 "set only one of user/password, token, credentials_file and nkey_seed",
             )),
         }
+    }
+
+    /// Checks the one authentication method as connecting would, so that
+    /// `--check` and start-up refuse what the server or the client would:
+    /// a credentials file is read and parsed, a seed's checksum and type
+    /// checked. Their contents are never shown. Separate from
+    /// [`NatsConfig::auth`], which reads no file.
+    fn validate_auth(&self) -> Result<(), ConfigError> {
+        match self.auth()? {
+            NatsAuth::CredentialsFile(path) => {
+                let contents = std::fs::read_to_string(&path).map_err(|e| {
+                    invalid(
+                        "nats.credentials_file",
+                        format!("{path:?} cannot be read: {e}"),
+                    )
+                })?;
+                if let Err(e) = async_nats::ConnectOptions::new().credentials(&contents) {
+                    return Err(invalid(
+                        "nats.credentials_file",
+                        format!("{path:?} is not a credentials file: {e}"),
+                    ));
+                }
+            }
+            NatsAuth::NkeySeed(seed) => {
+                let user = nkeys::KeyPair::from_seed(&seed)
+                    .is_ok_and(|k| k.key_pair_type() == nkeys::KeyPairType::User);
+                if !user {
+                    return Err(invalid(
+                        "nats.nkey_seed",
+                        "is not a user nkey seed (SU…, as `nsc` or `nk -gen user` print it)",
+                    ));
+                }
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// Checks the TLS files: each exists, and cert and key come together.
@@ -940,7 +951,7 @@ impl Config {
     /// Checks every value and resolves per-world settings.
     pub fn validate(self) -> Result<Settings, ConfigError> {
         self.nats.servers()?;
-        self.nats.auth()?;
+        self.nats.validate_auth()?;
         self.nats.validate_tls()?;
         self.nats.jetstream.validate()?;
         validate_prefix(&self.nats.prefix)?;

@@ -428,7 +428,13 @@ impl Judge {
         {
             let mut w = state::lock(&world);
             if delivered {
+                let takes_turn = effects.takes_turn;
                 commit(&mut w, effects);
+                if takes_turn {
+                    // The count it has now: a reset while the hook answered
+                    // started the count again.
+                    d.turn = w.turns;
+                }
             }
             if let Some(name) = &d.world {
                 self.worlds.weigh(name, &world, &w);
@@ -1328,6 +1334,7 @@ mod tests {
         });
         let world = Name::parse("w").unwrap();
         let turns = || state::lock(&rig.judge.worlds().get(&world).unwrap()).turns;
+        let mut last = None;
         for (i, reset) in [false, false, true].into_iter().enumerate() {
             let mut d = rig.send("agent", "alice", &format!("point {i}"));
             let check = d.policy.take().expect("asks the policy hook");
@@ -1336,8 +1343,12 @@ mod tests {
             }
             let d = rig.judge.finish(d, check, PolicyOutcome::Approve);
             assert_eq!(d.outcome, Outcome::Approved);
+            last = Some(d);
             rig.advance(1);
         }
         assert_eq!(turns(), 1, "the reset's 0, and this message's turn");
+        let d = last.unwrap();
+        assert_eq!(d.turn, 1);
+        assert_eq!(event(&d)["turn"], 1, "the event says the count it has");
     }
 }

@@ -1443,7 +1443,8 @@ mod tests {
 
     /// However many agents a world's config pins (at most MAX_PINNED), an
     /// agent it does not list gets a place on a full roster, so its
-    /// cooldown and rate are counted: with a roster all pinned it had none.
+    /// cooldown and rate are counted. Configs could pin the whole roster
+    /// before: then it had none (this fails if MAX_PINNED is MAX_AGENTS).
     #[test]
     fn an_unlisted_agent_finds_a_place_beside_the_most_pinned() {
         let pinned: Vec<String> = (0..MAX_PINNED).map(|i| format!("p{i}")).collect();
