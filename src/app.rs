@@ -184,8 +184,9 @@ pub async fn run(
                 Ok(())
             }
             Intake::JetStream(messages) => {
-                // Not ready from the loss until the consumer is open again:
-                // no message comes in meanwhile.
+                // Not ready from the reopening (at most 2 s after
+                // the loss was noticed) until the consumer is open again: no
+                // message comes in meanwhile.
                 let reopen = async || {
                     readiness.unsubscribed();
                     let open =
