@@ -1339,6 +1339,16 @@ mod tests {
         (WorldState::new(settings, Duration::from_secs(60), now), now)
     }
 
+    /// Settings with no agents listed and the default rules, edited.
+    fn with_rules(edit: impl FnOnce(&mut RulesConfig)) -> Arc<WorldSettings> {
+        let mut rules = RulesConfig::default();
+        edit(&mut rules);
+        Arc::new(WorldSettings {
+            agents: Vec::new(),
+            rules,
+        })
+    }
+
     fn approve(w: &mut WorldState, id: &str, lineage: &Lineage, now: Instant) {
         w.record_approved(Approved {
             id: &Arc::from(id),
@@ -1467,14 +1477,7 @@ mod tests {
     /// taken (or turns it off), and stays when the limit is still reached.
     #[test]
     fn a_reload_lifting_the_turn_limit_ends_the_pause() {
-        let with_turns = |max| {
-            let mut rules = RulesConfig::default();
-            rules.turns.max = max;
-            Arc::new(WorldSettings {
-                agents: Vec::new(),
-                rules,
-            })
-        };
+        let with_turns = |max| with_rules(|r| r.turns.max = max);
         for (max, paused) in [(3, true), (2, true), (4, false), (0, false)] {
             let (mut w, t0) = world(&[]);
             (w.turns, w.paused) = (3, true);
@@ -1544,14 +1547,7 @@ mod tests {
 
     #[test]
     fn alternation_history_is_kept_only_while_the_rule_is_on() {
-        let with_cycles = |cycles| {
-            let mut rules = RulesConfig::default();
-            rules.alternation.max_cycles = cycles;
-            Arc::new(WorldSettings {
-                agents: Vec::new(),
-                rules,
-            })
-        };
+        let with_cycles = |cycles| with_rules(|r| r.alternation.max_cycles = cycles);
         let t0 = Instant::now();
         let mut w = WorldState::new(with_cycles(2), Duration::from_secs(60), t0);
         let speak = |w: &mut WorldState, who: &str, id: &str| {
