@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
+
 use crate::admin::{self, Admin, Readiness};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{NatsAuth, Settings};
@@ -37,6 +39,10 @@ pub enum AppError {
         subject: String,
         source: async_nats::SubscribeError,
     },
+    /// A bug: the rest of the process may be as broken, so it stops (in
+    /// JetStream mode what the worker held is delivered again).
+    #[error("a worker stopped: {0}; its worlds' messages can no longer be decided")]
+    Worker(String),
 }
 
 /// Re-reads the configuration (same file, same environment) on SIGHUP.
@@ -176,9 +182,11 @@ pub async fn run(
         .then(|| ingest::jetstream::Replay::new(jetstream));
     let (dispatcher, handles) =
         Dispatcher::spawn(workers, judge.clone(), publisher.clone(), replay.clone());
+    let mut workers: futures::stream::FuturesUnordered<_> = handles.into_iter().collect();
 
     let drain = async {
-        let intake = match intake {
+        let intake = async {
+            match intake {
             Intake::Core(raw, join) => {
                 ingest::core::run(raw, join, &dispatcher, stopped()).await;
                 Ok(())
@@ -208,12 +216,25 @@ pub async fn run(
                 )
                 .await
             }
+        }
+        };
+        // Workers end only once intake has: one that ends before (a
+        // panic) ends loopguard, rather than leave its worlds undecided.
+        let intake = tokio::select! {
+            intake = intake => intake,
+            Some(ended) = workers.next() => {
+                let why = match ended {
+                    Err(e) if e.is_panic() => panic_message(e.into_panic()),
+                    Err(e) => e.to_string(),
+                    Ok(()) => "it ended early".into(),
+                };
+                tracing::error!(error = %why, "a worker stopped; shutting down");
+                Err(AppError::Worker(why))
+            }
         };
         drop(dispatcher);
         tracing::info!("shutdown: waiting for workers to publish what was taken in");
-        for handle in handles {
-            let _ = handle.await;
-        }
+        while workers.next().await.is_some() {}
         tracing::info!("shutdown: flushing");
         if let Err(e) = publisher.flush().await {
             tracing::warn!(error = %e, "shutdown: flush failed");
@@ -237,6 +258,16 @@ pub async fn run(
     };
     http.abort();
     ended
+}
+
+/// What a panic said, when it said it with a string.
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    match payload.downcast::<String>() {
+        Ok(message) => *message,
+        Err(payload) => payload
+            .downcast_ref::<&str>()
+            .map_or("a panic".into(), |m| m.to_string()),
+    }
 }
 
 /// Loads the configuration again and applies it; an invalid one is refused
@@ -333,17 +364,12 @@ async fn open_jetstream(
 ) -> Result<Option<(ingest::jetstream::Pull, Vec<String>)>, AppError> {
     let open = async || {
         let messages = ingest::jetstream::consumer(client, config, subjects).await?;
+        // Retried as the rest of the set-up: a server still recovering
+        // its streams may not answer yet, and going on without the list
+        // would flush every copy, not have it answered, until a restart. A
+        // list that is not permitted keeps loopguard unready, saying so.
         let captured = match config.egress_acks {
-            true => ingest::jetstream::captured_egress(client, subjects)
-                .await
-                .unwrap_or_else(|e| {
-                    // The consumer is up, so JetStream answers: most likely
-                    // the stream list is not permitted. Retrying would not
-                    // help, and flushing every copy is the mode without
-                    // egress_acks.
-                    tracing::error!(error = %e, "egress_acks: cannot list the streams; every copy is flushed, not answered");
-                    Vec::new()
-                }),
+            true => ingest::jetstream::captured_egress(client, subjects).await?,
             false => Vec::new(),
         };
         Ok((messages, captured))
@@ -485,7 +511,7 @@ async fn connect(settings: &Settings, metrics: &Metrics) -> Result<async_nats::C
                             DropReason::ServerSlowConsumer,
                             &format_args!("the server dropped messages for subscription {sid}"),
                         ),
-                    async_nats::Event::ClientError(e) => m.dropped(DropReason::ClientError, &e),
+                    async_nats::Event::ClientError(e) => m.client_error(&e),
                     other => tracing::warn!(event = %other, "NATS client event"),
                 }
             }

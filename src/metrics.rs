@@ -47,7 +47,9 @@ pub enum DropReason {
     SlowConsumer,
     /// The server dropped messages to loopguard, which read too slowly.
     ServerSlowConsumer,
-    /// The NATS client reported an error.
+    /// Reserved for a NATS client error that loses a message. async-nats
+    /// 0.51 reports none: its client errors are failed connection attempts,
+    /// which [`Metrics::client_error`] logs without counting.
     ClientError,
     /// A copy, notice or event could not be published.
     PublishError,
@@ -324,6 +326,18 @@ impl Metrics {
     /// seconds, with how many happened since the last line.
     pub fn dropped(&self, reason: DropReason, detail: &dyn std::fmt::Display) {
         self.dropped.with_label_values(&[reason.as_str()]).inc();
+        self.log_limited(reason, detail);
+    }
+
+    /// Logs an error the NATS client reported (a connection attempt that
+    /// failed), at most once every ten seconds: no message is lost by it,
+    /// so it is not counted as a drop (`loopguard_nats_connected` and
+    /// `LoopguardNatsDisconnected` tell of the outage).
+    pub fn client_error(&self, detail: &dyn std::fmt::Display) {
+        self.log_limited(DropReason::ClientError, detail);
+    }
+
+    fn log_limited(&self, reason: DropReason, detail: &dyn std::fmt::Display) {
         let log = &self.drop_log[reason as usize];
         let since = log.since.fetch_add(1, Ordering::Relaxed) + 1;
         let mut last = log.last.lock().unwrap_or_else(|p| p.into_inner());

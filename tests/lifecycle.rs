@@ -367,10 +367,7 @@ async fn sighup_reloads_rules_without_a_restart_and_refuses_an_invalid_config() 
         .await;
     h.send_json("w", "agent", "bob", support::msg("two")).await;
     let out = h.settle("w").await;
-    assert!(out
-        .events("w")
-        .iter()
-        .all(|e| e.body["decision"] == "approved"));
+    assert_eq!(out.field("w", "decision"), vec![json!("approved"); 2]);
 
     // Tighten the turn limit on disk and reload: the next message obeys it.
     std::fs::write(
@@ -517,12 +514,8 @@ async fn a_watched_config_file_is_reloaded_when_it_changes() {
     h.send_json("w", "agent", "alice", support::msg("one"))
         .await;
     h.send_json("w", "agent", "bob", support::msg("two")).await;
-    assert!(h
-        .settle("w")
-        .await
-        .events("w")
-        .iter()
-        .all(|e| e.body["decision"] == "approved"));
+    let out = h.settle("w").await;
+    assert_eq!(out.field("w", "decision"), vec![json!("approved"); 2]);
 
     // No signal: the watch notices the new file.
     std::fs::write(
@@ -535,4 +528,47 @@ async fn a_watched_config_file_is_reloaded_when_it_changes() {
     h.send_json("w", "agent", "alice", support::msg("three"))
         .await;
     assert_eq!(h.settle("w").await.event("w").body["rule"], "turns");
+}
+
+/// A bug that stops a worker (a panic, injected here in a debug build)
+/// stops loopguard with exit 1 and the panic's message, rather than leave
+/// that worker's worlds undecided while `/readyz` still says 200.
+#[tokio::test]
+async fn a_worker_that_panics_stops_loopguard_with_an_error() {
+    let nats = NatsServer::start();
+    let mut lg = Loopguard::spawn_env(
+        &nats.url(),
+        "",
+        &[("LOOPGUARD_TEST_PANIC_WORLD", "doomed")],
+    );
+    let addr = lg.http_addr().await;
+    within("loopguard ready", async {
+        while support::http(&addr, "GET", "/readyz", &[]).await.0 != 200 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let client = within("client", async_nats::connect(nats.url()))
+        .await
+        .unwrap();
+    client
+        .publish("chat.raw.doomed.human.hank", "hello".into())
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    let status = within("loopguard to exit", async {
+        loop {
+            if let Some(status) = lg.exit_status() {
+                return status;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let logs = lg.logs();
+    assert_eq!(status.code(), Some(1), "{logs}");
+    assert!(
+        logs.contains("a worker stopped") && logs.contains("fault injected for world doomed"),
+        "{logs}"
+    );
 }

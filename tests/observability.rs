@@ -220,6 +220,8 @@ async fn readyz_is_503_while_nats_is_down_and_200_after_it_returns_on_the_same_p
         200,
         "still alive"
     );
+    // A connection attempt failed: logged, but no message was lost by it.
+    h.loopguard.until_logged("NATS client error", 1).await;
 
     let _nats = NatsServer::start_on(port);
     support::within("readyz 200 after NATS returns", async {
@@ -235,6 +237,8 @@ async fn readyz_is_503_while_nats_is_down_and_200_after_it_returns_on_the_same_p
             - before.get("loopguard_nats_reconnects_total", &[]),
         1.0
     );
+    let dropped = |s: &Scrape| s.get("loopguard_dropped_total", &[("reason", "client_error")]);
+    assert_eq!(dropped(&after), dropped(&before), "an outage is not a drop");
     assert!(h.loopguard.is_running());
 
     // routing resumes once both loopguard and the test client are back

@@ -166,6 +166,40 @@ async fn until_ingest_acknowledged(js: &jetstream::Context, lg: &Loopguard) {
     }
 }
 
+/// How many deliveries of loopguard's consumer were repeats, once it has
+/// delivered all `messages` the ingest stream holds (numbered from 1).
+async fn ingest_redeliveries(js: &jetstream::Context, messages: u64) -> u64 {
+    let info = ingest_consumer(js).await;
+    assert_eq!(info.delivered.stream_sequence, messages, "delivered all");
+    info.delivered.consumer_sequence - messages
+}
+
+/// loopguard's consumer of the ingest stream, as the server sees it now.
+async fn ingest_consumer(js: &jetstream::Context) -> jetstream::consumer::Info {
+    let stream = within("get stream", js.get_stream("LOOPGUARD_INGEST"))
+        .await
+        .expect("ingest stream");
+    let mut consumer: jetstream::consumer::PullConsumer =
+        within("get consumer", stream.get_consumer("loopguard"))
+            .await
+            .expect("consumer");
+    within("consumer info", consumer.info())
+        .await
+        .expect("info")
+        .clone()
+}
+
+/// Waits until the server has delivered some message again (past an
+/// `ack_wait` with no acknowledgement).
+async fn until_redelivered(js: &jetstream::Context) {
+    within("a redelivery", async {
+        while ingest_consumer(js).await.num_redelivered == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+}
+
 /// Publishes messages `range` and waits for the ingest stream to confirm
 /// each: a message counts as sent once JetStream holds it.
 async fn publish_messages(js: &jetstream::Context, range: std::ops::Range<usize>) {
@@ -294,10 +328,6 @@ async fn a_nats_restart_mid_traffic_loses_nothing() {
     .await;
     let at_restart = stream_messages(&js, "EGRESS").await;
     nats.restart_after_sigterm();
-    assert!(
-        at_restart < (N / 2) as u64,
-        "restarted too late to prove anything: {at_restart}"
-    );
     // Both clients reconnect by themselves.
     until_ready(&lg).await;
     within("test client reconnect", async {
@@ -313,7 +343,17 @@ async fn a_nats_restart_mid_traffic_loses_nothing() {
     assert_eq!(stream_messages(&js, "EGRESS").await, N as u64);
     let logs = lg.logs();
     assert!(logs.contains("reconnected to NATS"), "{logs}");
-    println!("restart with {at_restart} of the first {} stored", N / 2);
+    // The restart landed while messages were in flight: some had to be
+    // delivered again (a restart after the burst would prove nothing).
+    let redelivered = ingest_redeliveries(&js, N as u64).await;
+    assert!(
+        redelivered > 0,
+        "nothing was redelivered: the restart ({at_restart} stored before it) missed the burst"
+    );
+    println!(
+        "restart with {at_restart} of the first {} stored; {redelivered} deliveries repeated",
+        N / 2
+    );
 }
 
 /// With `egress_acks`, a message waits for the stream's answer to its
@@ -337,19 +377,8 @@ async fn egress_acks_acknowledge_only_what_the_stream_answered() {
     publish_messages(&js, 0..N).await;
 
     // Past an `ack_wait` (2 s): unacknowledged, and delivered again.
-    let consumer = || async {
-        let stream = js.get_stream("LOOPGUARD_INGEST").await.unwrap();
-        let mut consumer: jetstream::consumer::PullConsumer =
-            stream.get_consumer("loopguard").await.unwrap();
-        consumer.info().await.unwrap().clone()
-    };
-    within("a redelivery", async {
-        while consumer().await.num_redelivered == 0 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
-    let info = consumer().await;
+    until_redelivered(&js).await;
+    let info = ingest_consumer(&js).await;
     assert_eq!(
         info.num_ack_pending as u64 + info.num_pending,
         N as u64,
@@ -389,7 +418,7 @@ async fn a_full_replay_still_holds_the_newest_decisions() {
     // Unanswered, so unacknowledged; then redelivered after `ack_wait`
     // (2 s), while the stream is still gone.
     lg.until_logged("no answer from a stream", 1).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    until_redelivered(&js).await;
     egress_stream(&js).await;
     until_ingest_acknowledged(&js, &lg).await;
     assert_eq!(
@@ -520,17 +549,20 @@ async fn sigterm_under_load_leaves_the_rest_for_redelivery_and_exits_within_the_
     publish_messages(&js, 0..N).await;
     until_stream_holds(&js, "EGRESS", (N / 4) as u64, &first).await;
 
-    let started = std::time::Instant::now();
     let status = first.terminate().await;
     assert_eq!(status.code(), Some(0), "{}", first.logs());
+    // Finished within the grace period by its own account (no wall clock
+    // here: a loaded machine may take longer to start and stop a process).
+    let logs = first.logs();
     assert!(
-        started.elapsed() < Duration::from_secs(5 + 2),
-        "exited within the grace period"
+        logs.contains("shutdown: complete") && !logs.contains("grace period over"),
+        "{logs}"
     );
+    // Stopped mid-burst: the rest was left in the stream, not dropped.
+    let stored = stream_messages(&js, "EGRESS").await;
     assert!(
-        first.logs().contains("shutdown: complete"),
-        "{}",
-        first.logs()
+        stored < N as u64,
+        "the first run finished all {N} before SIGTERM, so nothing was left for redelivery"
     );
 
     let second = Loopguard::spawn(&nats.url(), &config);

@@ -95,10 +95,7 @@ async fn a_system_message_resets_turns_too() {
     h.send_json("w", "system", "ops", msg("reset")).await;
     h.send_json("w", "agent", "alice", msg("two")).await;
     let out = h.settle("w").await;
-    assert!(out
-        .events("w")
-        .iter()
-        .all(|e| e.body["decision"] == "approved"));
+    assert_eq!(out.field("w", "decision"), vec![json!("approved"); 3]);
 }
 
 #[tokio::test]

@@ -51,12 +51,22 @@ pub struct Pull {
 /// [`ReplayKey`] (the stream sequence): a redelivery while the first outputs are not yet
 /// confirmed (in flight, or a NATS outage of any length) republishes them
 /// instead of deciding again (which would see its own earlier approval,
-/// e.g. as a duplicate). Bounded (the least recently used go first) to
-/// twice `max_ack_pending` decisions, and to [`REPLAY_BYTES_PER_DECISION`]
-/// each on average; removed once the message is acknowledged with every
-/// copy stored by a stream (`Worker::settle_acks`).
+/// e.g. as a duplicate).
+///
+/// Two tiers, so that the traffic after an outage cannot push out the
+/// decisions the outage left unacknowledged: `unacked` holds a decision
+/// until its message is acknowledged, and only then moves to `acked`,
+/// which keeps the latest ones in case that acknowledgement was slow or
+/// lost. Each tier drops its least recently used first; together
+/// they hold at most twice `max_ack_pending` decisions,
+/// [`REPLAY_BYTES_PER_DECISION`] each on average: three quarters of that for
+/// `unacked` (the server delivers at most `max_ack_pending` unacknowledged
+/// messages, so theirs fit), a quarter for `acked`.
 #[derive(Clone)]
-pub struct Replay(moka::sync::Cache<ReplayKey, Arc<[Outbound]>>);
+pub struct Replay {
+    unacked: moka::sync::Cache<ReplayKey, Arc<[Outbound]>>,
+    acked: moka::sync::Cache<ReplayKey, Arc<[Outbound]>>,
+}
 
 /// A message in [`Replay`]: its stream's generation (how often loopguard
 /// has found the stream created again, numbering from 1 again) and its
@@ -74,44 +84,63 @@ const REPLAY_BYTES_PER_DECISION: u32 = 4096;
 
 impl Replay {
     pub fn new(config: &JetStreamConfig) -> Replay {
-        let capacity = config
+        let quarter = config
             .max_ack_pending
-            .saturating_mul(2 * u64::from(REPLAY_BYTES_PER_DECISION));
-        // moka refuses an entry heavier than the whole cache: one that large
-        // is weighed as the whole, and held alone.
-        let heaviest = u32::try_from(capacity).unwrap_or(u32::MAX);
-        Replay(
-            moka::sync::Cache::builder()
-                .max_capacity(capacity)
-                .weigher(move |_, outbound: &Arc<[Outbound]>| weight(outbound).min(heaviest))
-                // Least recently used, not moka's default TinyLFU: that
-                // admits a new entry only if it was asked for more often
-                // than the one it would evict, so once full it kept the
-                // oldest decisions and refused every new one.
-                .eviction_policy(moka::policy::EvictionPolicy::lru())
-                .build(),
-        )
+            .saturating_mul(u64::from(REPLAY_BYTES_PER_DECISION) / 2);
+        Replay {
+            unacked: tier(quarter.saturating_mul(3)),
+            acked: tier(quarter),
+        }
     }
 
-    /// The message is acknowledged and its copies stored: a later
-    /// redelivery (an acknowledgement lost on the way) is decided afresh.
-    pub fn remove(&self, key: ReplayKey) {
-        self.0.invalidate(&key);
-    }
-
+    /// The decision of a message delivered before, if held. One found
+    /// among the acknowledged is unacknowledged again (it was delivered
+    /// again), so it moves back.
     pub fn get(&self, key: ReplayKey) -> Option<Arc<[Outbound]>> {
-        self.0.get(&key)
+        if let Some(outbound) = self.unacked.get(&key) {
+            return Some(outbound);
+        }
+        let outbound = self.acked.remove(&key)?;
+        self.unacked.insert(key, outbound.clone());
+        Some(outbound)
     }
 
+    /// A message decided and not acknowledged yet.
     pub fn insert(&self, key: ReplayKey, outbound: Arc<[Outbound]>) {
-        self.0.insert(key, outbound);
+        self.unacked.insert(key, outbound);
+    }
+
+    /// The message is acknowledged: its decision is held a while longer,
+    /// among the acknowledged, for a redelivery should that acknowledgement
+    /// be slow or lost.
+    pub fn acknowledged(&self, key: ReplayKey) {
+        if let Some(outbound) = self.unacked.remove(&key) {
+            self.acked.insert(key, outbound);
+        }
     }
 
     /// The stream was created again: the decisions held are of messages
     /// it no longer has.
     pub fn clear(&self) {
-        self.0.invalidate_all();
+        self.unacked.invalidate_all();
+        self.acked.invalidate_all();
     }
+}
+
+/// One tier of [`Replay`], of `capacity` bytes.
+fn tier(capacity: u64) -> moka::sync::Cache<ReplayKey, Arc<[Outbound]>> {
+    // moka refuses an entry heavier than the whole cache: one that large
+    // is weighed as the whole, and held alone.
+    let heaviest = u32::try_from(capacity).unwrap_or(u32::MAX);
+    moka::sync::Cache::builder()
+        .max_capacity(capacity)
+        .weigher(move |_, outbound: &Arc<[Outbound]>| weight(outbound).min(heaviest))
+        // Least recently used, not moka's default TinyLFU: that admits a
+        // new entry only if it was asked for more often than the one it
+        // would evict, so once full it kept the oldest decisions and
+        // refused every new one.
+        .eviction_policy(moka::policy::EvictionPolicy::lru())
+        .build()
 }
 
 /// The bytes a decision holds (payloads, subjects, ids), at least
@@ -224,7 +253,11 @@ pub async fn captured_egress(
     client: &async_nats::Client,
     subjects: &Subjects,
 ) -> Result<Vec<String>, JetStreamError> {
-    let unavailable = |e: &dyn std::fmt::Display| JetStreamError::Unavailable(e.to_string());
+    let unavailable = |e: &dyn std::fmt::Display| {
+        JetStreamError::Unavailable(format!(
+            "egress_acks: cannot list the streams ($JS.API.STREAM.LIST): {e}"
+        ))
+    };
     let js = jetstream::new(client.clone());
     let mut streams = js.streams();
     // (stream, subject pattern, whether the stream answers publishes)
@@ -460,34 +493,74 @@ mod tests {
             max_ack_pending: 50,
             ..JetStreamConfig::default()
         };
-        // Small decisions: twice max_ack_pending of them.
+        // Small decisions: three quarters of twice max_ack_pending of them
+        // unacknowledged, a quarter acknowledged.
         let replay = Replay::new(&config);
         for seq in 0..1000 {
             replay.insert((0, seq), decision(100));
         }
-        replay.0.run_pending_tasks();
-        assert_eq!(replay.0.entry_count(), 100);
-        assert!(
-            replay.get((0, 999)).is_some(),
-            "the newest decision is held"
-        );
-        // Large ones: 4 KiB each on average, so 400 KiB of 64 KiB ones.
+        for seq in 0..1000 {
+            replay.acknowledged((0, seq));
+        }
+        for seq in 1000..2000 {
+            replay.insert((0, seq), decision(100));
+        }
+        replay.unacked.run_pending_tasks();
+        replay.acked.run_pending_tasks();
+        assert_eq!(replay.unacked.entry_count(), 75);
+        assert_eq!(replay.acked.entry_count(), 25);
+        assert!(replay.get((0, 1999)).is_some(), "the newest is held");
+        assert!(replay.get((0, 999)).is_some(), "and the newest acknowledged");
+        // Large ones: 4 KiB each on average, so 300 KiB of 64 KiB ones.
         let replay = Replay::new(&config);
         for seq in 0..1000 {
             replay.insert((0, seq), decision(64 * 1024));
         }
-        replay.0.run_pending_tasks();
+        replay.unacked.run_pending_tasks();
         assert!(
-            replay.0.weighted_size() <= 100 * 4096,
+            replay.unacked.weighted_size() <= 75 * 4096,
             "{}",
-            replay.0.weighted_size()
+            replay.unacked.weighted_size()
         );
-        assert!(replay.0.entry_count() >= 5, "the newest stay");
+        assert!(replay.unacked.entry_count() >= 4, "the newest stay");
         assert!(replay.get((0, 999)).is_some());
         // Heavier than the whole: held, alone.
         replay.insert((0, 1000), decision(1 << 20));
-        replay.0.run_pending_tasks();
+        replay.unacked.run_pending_tasks();
         assert!(replay.get((0, 1000)).is_some());
+    }
+
+    /// A NATS restart leaves a batch unacknowledged; until it comes back
+    /// (`ack_wait` later) the traffic goes on, decided and acknowledged.
+    /// With one cache for both, those newer decisions pushed out the old
+    /// batch's, which was then decided afresh, as a duplicate of itself.
+    #[test]
+    fn traffic_after_an_outage_cannot_push_out_unacknowledged_decisions() {
+        let config = JetStreamConfig {
+            max_ack_pending: 50,
+            ..JetStreamConfig::default()
+        };
+        let replay = Replay::new(&config);
+        for seq in 0..40 {
+            replay.insert((0, seq), decision(100));
+        }
+        for seq in 40..10_000 {
+            replay.insert((0, seq), decision(100));
+            replay.acknowledged((0, seq));
+        }
+        for seq in 0..40 {
+            assert!(replay.get((0, seq)).is_some(), "decision {seq} lost");
+        }
+        // One redelivered after its acknowledgement is unacknowledged
+        // again: it moves back, where newer acknowledged ones cannot reach it.
+        assert!(replay.get((0, 9_999)).is_some());
+        for seq in 10_000..20_000 {
+            replay.insert((0, seq), decision(100));
+            replay.acknowledged((0, seq));
+        }
+        assert!(replay.get((0, 9_999)).is_some());
+        replay.clear();
+        assert!(replay.get((0, 0)).is_none());
     }
 
     #[test]

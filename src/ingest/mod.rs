@@ -180,6 +180,8 @@ impl Worker {
             delivery,
         }: Work,
     ) {
+        #[cfg(debug_assertions)]
+        fault::panic_on_world(&origin);
         if delivery.is_some() && self.acks.is_empty() {
             // A new batch: remember the connection it is published on.
             self.batch_connects = self.publisher.connects();
@@ -316,15 +318,15 @@ impl Worker {
                 left += 1;
                 continue;
             }
-            if let Err(e) = pending.acker.ack().await {
-                tracing::debug!(error = %e, "ack failed; the message will be redelivered");
-            }
-            // Every copy stored (or none to send): a redelivery after a
-            // lost acknowledgement can be decided afresh. A flushed copy
-            // may have died with the connection, as the acknowledgement
-            // did: its decision stays for a replay.
-            if let (Some(replay), false) = (&self.replay, pending.flush) {
-                replay.remove(pending.key);
+            match pending.acker.ack().await {
+                Ok(()) => {
+                    if let Some(replay) = &self.replay {
+                        replay.acknowledged(pending.key);
+                    }
+                }
+                // Its decision stays among the unacknowledged, for the
+                // redelivery.
+                Err(e) => tracing::warn!(error = %e, "ack failed; the message will be redelivered"),
             }
         }
         // The next batch starts here, also when a policy call settled this
@@ -339,7 +341,10 @@ impl Worker {
     }
 
     /// Flushes: true when everything published since the batch began
-    /// reached the server, over the connection it was published on.
+    /// reached the server, over the connection it was published on. The
+    /// flush is a round trip (the patched client's PING and PONG,
+    /// vendor/async-nats/PATCH.md): the server has read every earlier
+    /// publish on this connection when it answers.
     async fn flushed(&self) -> bool {
         if let Err(e) = self.publisher.flush().await {
             tracing::warn!(error = %e, pending = self.acks.len(), "flush failed; leaving messages for redelivery");
@@ -371,4 +376,20 @@ struct Pending {
     /// Where its outputs' answers end in `Worker::answers` (they start where
     /// the previous message's end).
     answers_end: usize,
+}
+
+/// Fault injection for the tests of what follows a bug, in debug builds
+/// only: a message to the world named by `LOOPGUARD_TEST_PANIC_WORLD`
+/// panics its worker.
+#[cfg(debug_assertions)]
+mod fault {
+    use crate::subject::Origin;
+
+    pub fn panic_on_world(origin: &Origin) {
+        static WORLD: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+        let world = WORLD.get_or_init(|| std::env::var("LOOPGUARD_TEST_PANIC_WORLD").ok());
+        if let (Some(world), Some(to)) = (world, origin.world()) {
+            assert!(world != to.as_str(), "fault injected for world {world}");
+        }
+    }
 }

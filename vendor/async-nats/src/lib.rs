@@ -473,6 +473,10 @@ pub(crate) struct ConnectionHandler {
     // PING sent after its UNSUB; it is removed once that PING's PONG is in,
     // so every message the server sent before the UNSUB is delivered.
     drain_pings: VecDeque<(u64, u64)>,
+    // loopguard patch: each flush waiting, with the number of the PING sent
+    // for it; it completes once that PING's PONG is in, so the server has
+    // read everything written before it on this connection.
+    flush_pings: VecDeque<(u64, oneshot::Sender<()>)>,
     // PINGs written and PONGs read on this connection, counted from 1.
     pings_sent: u64,
     pongs_received: u64,
@@ -500,6 +504,7 @@ impl ConnectionHandler {
             flush_observers: Vec::new(),
             is_draining: false,
             drain_pings: VecDeque::new(),
+            flush_pings: VecDeque::new(),
             pings_sent: 0,
             pongs_received: 0,
         }
@@ -732,6 +737,15 @@ impl ConnectionHandler {
                     self.drain_pings.pop_front();
                     self.subscriptions.remove(&sid);
                 }
+                while self
+                    .flush_pings
+                    .front()
+                    .is_some_and(|(ping, _)| *ping <= self.pongs_received)
+                {
+                    if let Some((_, observer)) = self.flush_pings.pop_front() {
+                        let _ = observer.send(());
+                    }
+                }
             }
             ServerOp::Error(error) => {
                 debug!("received ERROR: {:?}", error);
@@ -857,7 +871,12 @@ impl ConnectionHandler {
                 }
             }
             Command::Flush { observer } => {
-                self.flush_observers.push(observer);
+                // loopguard patch: a flush is a round trip (PING, then its
+                // PONG), not only a write to the socket, which completes
+                // while the bytes may still be lost with the connection.
+                self.connection.enqueue_write_op(&ClientOp::Ping);
+                self.pings_sent += 1;
+                self.flush_pings.push_back((self.pings_sent, observer));
             }
             Command::Drain { sid } => {
                 // loopguard patch: tagged with the PING written below.
@@ -1005,6 +1024,9 @@ impl ConnectionHandler {
         for (_, sid) in self.drain_pings.drain(..) {
             self.subscriptions.remove(&sid);
         }
+        // A flush waiting for this connection's PONG fails: what it was to
+        // confirm may be lost.
+        self.flush_pings.clear();
         self.pings_sent = 0;
         self.pongs_received = 0;
         self.connector.events_tx.try_send(Event::Disconnected).ok();
