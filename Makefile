@@ -2,39 +2,39 @@
 # Both install what they need (nats-server from Debian) when it is missing.
 
 CARGO ?= cargo
-NATS_SERVER ?= $(shell command -v nats-server 2>/dev/null || ls /usr/sbin/nats-server 2>/dev/null)
+# NATS_SERVER=/path/to/nats-server (in the environment or on the command
+# line) uses a nats-server of your own: scripts/deps.sh, the demo and the
+# tests all look at it.
 DEMO_LOG ?= target/demo-loopguard.log
 
-.PHONY: all build test test-alerts test-chart test-compose test-examples py-deps demo release bench memory deps lint fmt clean
+.PHONY: all build test test-alerts test-chart test-compose test-examples py-deps demo release bench memory deps test-deps lint fmt clean
 
 all: build
 
 build:
 	$(CARGO) build --bin loopguard
 
-# nats-server: Debian's package (2.9.x), enough for core NATS. See README.
-# promtool: from Debian's prometheus package, without its recommends.
+# What the demo needs (nats-server: Debian's package, 2.9.x, enough for core
+# NATS; see README), and what the tests need besides (promtool from Debian's
+# prometheus package, npm, python3-venv). scripts/deps.sh installs what is
+# missing.
 deps:
-	@missing=; \
-	[ -n "$(NATS_SERVER)" ] || missing="$$missing nats-server"; \
-	command -v promtool >/dev/null || missing="$$missing prometheus"; \
-	if [ -n "$$missing" ]; then \
-		echo "installing:$$missing (Debian packages)"; \
-		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-		$$SUDO apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
-	fi
-	@command -v nats-server >/dev/null || test -x /usr/sbin/nats-server || { echo "nats-server is still missing" >&2; exit 1; }
-	@command -v promtool >/dev/null || { echo "promtool is still missing" >&2; exit 1; }
+	@scripts/deps.sh demo
 
-PYTHON ?= python3
+test-deps:
+	@scripts/deps.sh test
 
-test: deps test-alerts
+test: test-deps test-alerts
 	$(CARGO) test
 	$(MAKE) test-chart test-compose test-examples
 
-# Python tools for the chart, compose and example tests (pinned).
+# Python tools for the chart, compose and example tests (pinned), in a
+# virtual environment of their own (Debian's Python refuses system-wide pip
+# installs); it sees the packages the system already has.
+VENV := target/py
+PYTHON := $(VENV)/bin/python
 py-deps:
+	@[ -x $(PYTHON) ] || python3 -m venv --system-site-packages $(VENV)
 	@$(PYTHON) -c "import kubernetes_validate, yamllint, yaml, nats" 2>/dev/null || \
 		$(PYTHON) -m pip install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
 
@@ -50,7 +50,7 @@ test-compose: build py-deps
 
 # The Python example agent against a real nats-server and loopguard.
 test-examples: build py-deps
-	cd examples/python && $(PYTHON) test_loop.py
+	cd examples/python && ../../$(PYTHON) test_loop.py
 
 # The alert rules: syntax, then promtool's unit tests (firing and not firing).
 test-alerts:
@@ -66,15 +66,14 @@ fmt:
 
 # A local nats-server on 4222 and loopguard on its defaults, then two
 # scripted agents that would loop forever. Everything stops at the end.
+# The demo waits for loopguard's /readyz before it sends anything.
 demo: deps
 	$(CARGO) build --bin loopguard --example demo
 	@set -e; \
-	NATS=$$(command -v nats-server || echo /usr/sbin/nats-server); \
+	NATS=$${NATS_SERVER:-$$(command -v nats-server || echo /usr/sbin/nats-server)}; \
 	$$NATS -a 127.0.0.1 -p 4222 >/dev/null 2>&1 & nats_pid=$$!; \
 	trap 'kill $$lg_pid $$nats_pid 2>/dev/null || true' EXIT INT TERM; \
-	sleep 0.5; \
 	RUST_LOG=info target/debug/loopguard 2>$(DEMO_LOG) & lg_pid=$$!; \
-	sleep 0.5; \
 	target/debug/examples/demo; \
 	echo; echo "loopguard's log: $(DEMO_LOG)"
 

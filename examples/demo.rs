@@ -134,8 +134,44 @@ async fn watch(
     Ok(())
 }
 
+/// Where loopguard's HTTP server is: `LOOPGUARD_HTTP`, else its default.
+fn http_addr() -> String {
+    std::env::var("LOOPGUARD_HTTP").unwrap_or_else(|_| "127.0.0.1:9464".to_string())
+}
+
+/// Waits (20 s at most) until loopguard's `/readyz` says 200: it is then
+/// connected to NATS and subscribed, so nothing the demo sends is missed.
+async fn until_ready() -> Result<(), async_nats::Error> {
+    let addr = http_addr();
+    let waited = tokio::time::timeout(Duration::from_secs(20), async {
+        while !ready(&addr).await {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    waited
+        .await
+        .map_err(|_| format!("loopguard is not ready at http://{addr}/readyz"))?;
+    Ok(())
+}
+
+/// One `GET /readyz`: true on a 200.
+async fn ready(addr: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return false;
+    };
+    let mut status = [0u8; 12]; // "HTTP/1.1 200"
+    stream
+        .write_all(b"GET /readyz HTTP/1.0\r\nHost: loopguard\r\n\r\n")
+        .await
+        .is_ok()
+        && stream.read_exact(&mut status).await.is_ok()
+        && status.ends_with(b" 200")
+}
+
 #[tokio::main]
 async fn main() -> Result<(), async_nats::Error> {
+    until_ready().await?;
     let client = tokio::time::timeout(Duration::from_secs(5), async_nats::connect(url()))
         .await
         .map_err(|_| format!("no nats-server at {}", url()))??;

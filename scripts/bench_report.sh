@@ -20,6 +20,11 @@ cat <<'NOTES'
 
 ### Reading the relay table
 
+These notes are kept by hand. The figures they quote are from the runs
+they name (the latest: the relay run of 2026-11-22 12:45 UTC and the
+criterion run of 12:46 UTC, of commit 4d91e52), which need not be the run
+printed above: where the two differ, the tables are the newer.
+
 - **Code.** The runs of 2026-11-22 12:45 UTC (relay) and 12:46 UTC
   (criterion) are of commit 4d91e52. Since the runs of 11:21 and 11:22
   UTC (of e71518c; their figures are first in the brackets below) a
@@ -91,7 +96,7 @@ cat <<'NOTES'
     are the ones the workload's messages should yield; the run fails if
     not.
 
-  In the run above (2026-11-22 12:45 UTC; the runs of 11:21, 10:12 and
+  In the run of 2026-11-22 12:45 UTC (the runs of 11:21, 10:12 and
   07:56 UTC in brackets), (a2) reached 0.54 [0.67, 0.61, 0.44] of the
   bare relay's rate and (b2) 0.67 [0.76, 0.51, 0.58]: target 1's (c1)/(b)
   ≥ 0.9 is out of reach for any relay with this output on this machine,
@@ -133,7 +138,7 @@ cat <<'NOTES'
 - **Every rule on, (c3)**: the contract's rules and loopguard's own five
   (benches/shared/optional_rules.toml), set so that they seldom reject;
   the loss is counted against what the contract's rules should approve,
-  so a step where they rejected more fails. In the run above (c3)
+  so a step where they rejected more fails. In the run of 12:45 UTC (c3)
   sustained 0.84 [0.71, 0.72, 0.80] of (c1)'s rate (0.43 [0.43, 0.39,
   0.33] of the bare relay's) and cost 11.00 µs of CPU a message against
   (c1)'s 9.33 [11.17 against 7.67; 12.83 against 10.67; 10.67 against
@@ -204,7 +209,7 @@ cat <<'NOTES'
 - **What sets loopguard's sustained rate**: the machine. At (c1)'s
   failing rates loopguard's one runtime thread was 72-78% busy, the
   server 68-71% and the benchmark 35-38%: together 178-185% of the 2
-  CPUs (the run above; at 11:21 UTC 79-81%, 64-68% and 35-38%; at 10:12 UTC 66-77%, 63-71% and 32-37%; at 07:56 UTC 79-81%, 65-71% and 34-37%; at 06:14
+  CPUs (the run of 12:45 UTC; at 11:21 UTC 79-81%, 64-68% and 35-38%; at 10:12 UTC 66-77%, 63-71% and 32-37%; at 07:56 UTC 79-81%, 65-71% and 34-37%; at 06:14
   UTC 70-77%, 66-72% and 34-38%; at 05:02
   UTC 78-82%, 64-69% and 34-37%; at 03:12
   UTC 72-77%, 68-77% and 35-39%; in the slower run of 04:07, 63-66%,
@@ -216,7 +221,7 @@ cat <<'NOTES'
   the duplicate window), so it depends on which steps passed: at 05:02
   UTC 596 and 572 MiB for (c1) and (c2), about 6.1 and 5.9 KiB a world
   (at 04:07 UTC, after about 26 and 27 messages per world, 595 and 603
-  MiB; at 03:12 UTC, after 22 and 27, 572 and 597 MiB). In the run above
+  MiB; at 03:12 UTC, after 22 and 27, 572 and 597 MiB). In the run of 12:45 UTC
   (c1) held 1053 MiB at turn 43 and (c2) 597 at turn 25 (the table's
   brackets); at 11:21 UTC (c1) and (c2) 1049; at 10:12 UTC (c1) 1071 and
   (c2) 589; at 07:56 UTC (c1) 595 and (c2) 1071. The two levels are the
@@ -230,7 +235,8 @@ cat <<'NOTES'
   so which level a set-up shows depends on how many steps it took. Idle
   worlds are measured on their own below; docs/operations.md gives a busy
   world's ceiling.
-- **No drops**: loopguard counted no slow-consumer drop at its sustained rate.
+- **Drops**: the table's drops column is loopguard's slow-consumer count at
+  its sustained rate; it was 0 in every run published so far.
 NOTES
 echo
 echo "## Criterion micro-benchmarks"
@@ -273,7 +279,7 @@ cat <<'NOTES'
   3.53, 4.29 and 4.00 µs with the upkeep between; at 10:20, 10:23 and
   10:26 UTC 6.35, 5.57 and 10.39 µs back to back, 4.01, 3.96 and 6.14
   with the upkeep between; in the calm run of 11:22 UTC 5.72 and
-  3.66 µs; in the run above (12:46 UTC) 5.87 and 3.67 µs. The machine was slower at 06:31 than at 05:03,
+  3.66 µs; in the run of 12:46 UTC 5.87 and 3.67 µs. The machine was slower at 06:31 than at 05:03,
   not the code: the code of 05:03, run in turn with the code above
   minutes later, gave 6.11 and 4.28 µs against 5.83 and 4.10. The mean cost of the upkeep is small (a few %
   of a decision) and the same either way.
@@ -306,7 +312,7 @@ cat <<'NOTES'
   3.99, 5.30 and 1.70 µs for the four decision lines; a rerun at 10:23
   (parser 87 ns) 2.60, 2.45, 3.49 and 1.55; at 10:26 (parser 131 ns),
   2.31, 2.42, 3.42 and 2.06; at 11:22 (parser 85 ns), 2.15, 2.22, 3.04
-  and 1.51; the run above, at 12:46 (parser 83 ns, with the weighing of
+  and 1.51; the run of 12:46 UTC (parser 83 ns, with the weighing of
   `state.max_bytes`), 2.34, 2.39, 3.23 and 1.49. The parser's time flags stretches when the
   CPU is slow; the 10:20 run was slow in memory, not in the parser's few
   cached bytes. Callgrind, with no such noise, counted the same
@@ -332,7 +338,7 @@ cat <<'NOTES'
   at 07:57 UTC, after the substance and stemmer change above (its
   largest of 100 samples, printed as p99, 5.01 µs; 3.42 and 6.15 µs in
   the noisier run of 10:26, 3.04 and 5.12 µs at 11:22, 3.23 and 5.51 µs
-  in the run above).
+  in the run of 12:46 UTC).
 - **One busy world** (`decision (one busy world, full windows)`, since
   2026-11-22): every message in one world, with no cooldown, so its
   windows fill: the duplicate window's 1,024 contents and each agent's
@@ -347,7 +353,7 @@ cat <<'NOTES'
   window by hash and then tests the newest match's time: 1.60 µs in the
   same session, 1.54 µs at 06:31 UTC, 1.51 µs at 07:57 UTC, 2.06 µs in
   the noisier run of 10:26 (1.55 µs in the rerun of 10:23), 1.51 µs at
-  11:22 and 1.49 µs in the run above. (A first version of this line,
+  11:22 and 1.49 µs in the run of 12:46 UTC. (A first version of this line,
   in the make bench run of 06:15 UTC, kept the 1 s cooldown of the other
   lines, so the cooldown rule rejected nearly every agent message and the
   rate windows never filled: 1.95 µs there.)

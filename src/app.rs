@@ -187,36 +187,37 @@ pub async fn run(
     let drain = async {
         let intake = async {
             match intake {
-            Intake::Core(raw, join) => {
-                ingest::core::run(raw, join, &dispatcher, stopped()).await;
-                Ok(())
+                Intake::Core(raw, join) => {
+                    ingest::core::run(raw, join, &dispatcher, stopped()).await;
+                    Ok(())
+                }
+                Intake::JetStream(messages) => {
+                    // Not ready from the reopening (at most 2 s after
+                    // the loss was noticed) until the consumer is open again: no
+                    // message comes in meanwhile.
+                    let reopen = async || {
+                        readiness.unsubscribed();
+                        let open = async || {
+                            ingest::jetstream::consumer(&client, jetstream, &subjects).await
+                        };
+                        let pull = retrying(open, stopped()).await?;
+                        if pull.is_some() {
+                            readiness.subscribed(client.clone());
+                        }
+                        Ok(pull)
+                    };
+                    ingest::jetstream::run(
+                        *messages,
+                        reopen,
+                        &dispatcher,
+                        replay.as_ref(),
+                        jetstream,
+                        &subjects,
+                        stopped(),
+                    )
+                    .await
+                }
             }
-            Intake::JetStream(messages) => {
-                // Not ready from the reopening (at most 2 s after
-                // the loss was noticed) until the consumer is open again: no
-                // message comes in meanwhile.
-                let reopen = async || {
-                    readiness.unsubscribed();
-                    let open =
-                        async || ingest::jetstream::consumer(&client, jetstream, &subjects).await;
-                    let pull = retrying(open, stopped()).await?;
-                    if pull.is_some() {
-                        readiness.subscribed(client.clone());
-                    }
-                    Ok(pull)
-                };
-                ingest::jetstream::run(
-                    *messages,
-                    reopen,
-                    &dispatcher,
-                    replay.as_ref(),
-                    jetstream,
-                    &subjects,
-                    stopped(),
-                )
-                .await
-            }
-        }
         };
         // Workers end only once intake has: one that ends before (a
         // panic) ends loopguard, rather than leave its worlds undecided.

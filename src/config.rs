@@ -1438,11 +1438,11 @@ mod tests {
     #[test]
     fn invalid_values_are_named() {
         let e = error_of("[rules.turns]\nmax = \"lots\"\n", &[]);
-        assert!(e.contains("rules.turns.max") || e.contains("max"), "{e}");
+        assert!(e.contains("rules.turns.max"), "{e}");
         assert!(error_of("mode = \"loud\"\n", &[]).contains("loud"));
         assert!(error_of("[nats]\nprefix = \"a.*\"\n", &[]).contains("nats.prefix"));
         assert!(error_of("[http]\nlisten = \"nowhere\"\n", &[]).contains("http.listen"));
-        assert!(error_of("[rules.turns]\nmax = -1\n", &[]).contains("max"));
+        assert!(error_of("[rules.turns]\nmax = -1\n", &[]).contains("rules.turns.max"));
         assert!(error_of("[worlds.\"a.b\"]\n", &[]).contains("worlds.a.b"));
         assert!(error_of("[worlds.a]\nagents = [\"x y\"]\n", &[]).contains("worlds.a.agents"));
         assert!(error_of("[nats]\nurl = \"http://x:4222\"\n", &[]).contains("nats.url"));

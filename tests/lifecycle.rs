@@ -536,11 +536,7 @@ async fn a_watched_config_file_is_reloaded_when_it_changes() {
 #[tokio::test]
 async fn a_worker_that_panics_stops_loopguard_with_an_error() {
     let nats = NatsServer::start();
-    let mut lg = Loopguard::spawn_env(
-        &nats.url(),
-        "",
-        &[("LOOPGUARD_TEST_PANIC_WORLD", "doomed")],
-    );
+    let mut lg = Loopguard::spawn_env(&nats.url(), "", &[("LOOPGUARD_TEST_PANIC_WORLD", "doomed")]);
     let addr = lg.http_addr().await;
     within("loopguard ready", async {
         while support::http(&addr, "GET", "/readyz", &[]).await.0 != 200 {

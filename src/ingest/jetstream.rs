@@ -510,7 +510,10 @@ mod tests {
         assert_eq!(replay.unacked.entry_count(), 75);
         assert_eq!(replay.acked.entry_count(), 25);
         assert!(replay.get((0, 1999)).is_some(), "the newest is held");
-        assert!(replay.get((0, 999)).is_some(), "and the newest acknowledged");
+        assert!(
+            replay.get((0, 999)).is_some(),
+            "and the newest acknowledged"
+        );
         // Large ones: 4 KiB each on average, so 300 KiB of 64 KiB ones.
         let replay = Replay::new(&config);
         for seq in 0..1000 {

