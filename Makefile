@@ -34,7 +34,7 @@ test: test-deps test-alerts
 VENV := target/py
 PYTHON := $(VENV)/bin/python
 py-deps:
-	@[ -x $(PYTHON) ] || python3 -m venv --system-site-packages $(VENV)
+	@$(PYTHON) -m pip --version >/dev/null 2>&1 || python3 -m venv --clear --system-site-packages $(VENV)
 	@$(PYTHON) -c "import kubernetes_validate, yamllint, yaml, nats" 2>/dev/null || \
 		$(PYTHON) -m pip install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
 
@@ -50,7 +50,7 @@ test-compose: build py-deps
 
 # The Python example agent against a real nats-server and loopguard.
 test-examples: build py-deps
-	cd examples/python && ../../$(PYTHON) test_loop.py
+	cd examples/python && $(abspath $(PYTHON)) test_loop.py
 
 # The alert rules: syntax, then promtool's unit tests (firing and not firing).
 test-alerts:

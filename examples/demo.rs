@@ -134,9 +134,10 @@ async fn watch(
     Ok(())
 }
 
-/// Where loopguard's HTTP server is: `LOOPGUARD_HTTP`, else its default.
+/// Where loopguard's HTTP server is: its own setting
+/// (`LOOPGUARD__HTTP__LISTEN`), else its default.
 fn http_addr() -> String {
-    std::env::var("LOOPGUARD_HTTP").unwrap_or_else(|_| "127.0.0.1:9464".to_string())
+    std::env::var("LOOPGUARD__HTTP__LISTEN").unwrap_or_else(|_| "127.0.0.1:9464".to_string())
 }
 
 /// Waits (20 s at most) until loopguard's `/readyz` says 200: it is then

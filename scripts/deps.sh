@@ -9,7 +9,7 @@ need=${1:?usage: deps.sh demo|test}
 
 missing=()
 if [ -n "${NATS_SERVER:-}" ]; then
-    [ -x "$NATS_SERVER" ] || { echo "NATS_SERVER=$NATS_SERVER is not an executable" >&2; exit 1; }
+    command -v "$NATS_SERVER" >/dev/null || { echo "NATS_SERVER=$NATS_SERVER is not an executable" >&2; exit 1; }
 elif ! command -v nats-server >/dev/null && [ ! -x /usr/sbin/nats-server ]; then
     missing+=(nats-server)
 fi
@@ -23,7 +23,7 @@ fi
 echo "installing: ${missing[*]} (Debian packages)"
 if [ "$(id -u)" = 0 ]; then sudo=(); else sudo=(sudo); fi
 "${sudo[@]}" apt-get update -qq
-DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 
 for package in "${missing[@]}"; do
     case $package in

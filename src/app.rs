@@ -183,6 +183,9 @@ pub async fn run(
     let (dispatcher, handles) =
         Dispatcher::spawn(workers, judge.clone(), publisher.clone(), replay.clone());
     let mut workers: futures::stream::FuturesUnordered<_> = handles.into_iter().collect();
+    // Intake ending in an error (a worker stopped by a bug, a consumer that
+    // refuses loopguard) starts the grace period, as a signal does.
+    let failed = tokio::sync::Notify::new();
 
     let drain = async {
         let intake = async {
@@ -221,28 +224,30 @@ pub async fn run(
         };
         // Workers end only once intake has: one that ends before (a
         // panic) ends loopguard, rather than leave its worlds undecided.
-        let intake = tokio::select! {
+        let mut intake = tokio::select! {
             intake = intake => intake,
-            Some(ended) = workers.next() => {
-                let why = match ended {
-                    Err(e) if e.is_panic() => panic_message(e.into_panic()),
-                    Err(e) => e.to_string(),
-                    Ok(()) => "it ended early".into(),
-                };
-                tracing::error!(error = %why, "a worker stopped; shutting down");
-                Err(AppError::Worker(why))
-            }
+            Some(ended) = workers.next() => Err(worker_failed(ended, "")),
         };
+        if intake.is_err() {
+            readiness.draining();
+            failed.notify_one();
+        }
         drop(dispatcher);
         tracing::info!("shutdown: waiting for workers to publish what was taken in");
-        while workers.next().await.is_some() {}
+        while let Some(ended) = workers.next().await {
+            // One that panics while the others drain still fails the exit.
+            if ended.is_err() && intake.is_ok() {
+                intake = Err(worker_failed(ended, " while shutting down"));
+            }
+        }
         tracing::info!("shutdown: flushing");
         if let Err(e) = publisher.flush().await {
             tracing::warn!(error = %e, "shutdown: flush failed");
         }
         intake
     };
-    // The grace period runs from the signal, not from start-up.
+    // The grace period runs from the signal (or the failure), not from
+    // start-up.
     let grace = Duration::from_secs(config.shutdown.grace_seconds);
     let ended = tokio::select! {
         intake = drain => {
@@ -250,7 +255,10 @@ pub async fn run(
             intake
         }
         _ = async {
-            stopped().await;
+            tokio::select! {
+                _ = stopped() => {}
+                _ = failed.notified() => {}
+            }
             tokio::time::sleep(grace).await
         } => {
             tracing::warn!(grace_seconds = grace.as_secs(), "shutdown: grace period over, exiting with work left");
@@ -259,6 +267,18 @@ pub async fn run(
     };
     http.abort();
     ended
+}
+
+/// The error for a worker that ended before intake did, or failed
+/// (`when`: while shutting down).
+fn worker_failed(ended: Result<(), tokio::task::JoinError>, when: &str) -> AppError {
+    let why = match ended {
+        Err(e) if e.is_panic() => panic_message(e.into_panic()),
+        Err(e) => e.to_string(),
+        Ok(()) => "it ended early".into(),
+    };
+    tracing::error!(error = %why, "a worker stopped{when}; shutting down");
+    AppError::Worker(why)
 }
 
 /// What a panic said, when it said it with a string.

@@ -533,6 +533,7 @@ async fn a_watched_config_file_is_reloaded_when_it_changes() {
 /// A bug that stops a worker (a panic, injected here in a debug build)
 /// stops loopguard with exit 1 and the panic's message, rather than leave
 /// that worker's worlds undecided while `/readyz` still says 200.
+#[cfg(debug_assertions)]
 #[tokio::test]
 async fn a_worker_that_panics_stops_loopguard_with_an_error() {
     let nats = NatsServer::start();
