@@ -487,15 +487,20 @@ mod tests {
         }])
     }
 
-    #[test]
-    fn replay_is_bounded_by_count_and_by_bytes() {
-        let config = JetStreamConfig {
+    /// A replay for `max_ack_pending = 50`: room for 75 small decisions
+    /// unacknowledged and 25 acknowledged.
+    fn small_replay() -> Replay {
+        Replay::new(&JetStreamConfig {
             max_ack_pending: 50,
             ..JetStreamConfig::default()
-        };
+        })
+    }
+
+    #[test]
+    fn replay_is_bounded_by_count_and_by_bytes() {
         // Small decisions: three quarters of twice max_ack_pending of them
         // unacknowledged, a quarter acknowledged.
-        let replay = Replay::new(&config);
+        let replay = small_replay();
         for seq in 0..1000 {
             replay.insert((0, seq), decision(100));
         }
@@ -515,7 +520,7 @@ mod tests {
             "and the newest acknowledged"
         );
         // Large ones: 4 KiB each on average, so 300 KiB of 64 KiB ones.
-        let replay = Replay::new(&config);
+        let replay = small_replay();
         for seq in 0..1000 {
             replay.insert((0, seq), decision(64 * 1024));
         }
@@ -539,11 +544,7 @@ mod tests {
     /// batch's, which was then decided afresh, as a duplicate of itself.
     #[test]
     fn traffic_after_an_outage_cannot_push_out_unacknowledged_decisions() {
-        let config = JetStreamConfig {
-            max_ack_pending: 50,
-            ..JetStreamConfig::default()
-        };
-        let replay = Replay::new(&config);
+        let replay = small_replay();
         for seq in 0..40 {
             replay.insert((0, seq), decision(100));
         }
