@@ -192,12 +192,13 @@ def main():
                 "config.rules.similar.threshold=0.5,config.rules.similar.window_seconds=0",
                 "config.worlds.lobby.rules.rate.max=3,config.worlds.lobby.rules.rate.window_seconds=0",
                 "auth.natsUser=lg", "auth.natsPassword=pw", "auth.natsUser=lg,auth.natsPassword=pw,auth.natsToken=t",
-                "auth.natsToken=t,auth.credentialsSecret=creds"]:
+                "auth.natsToken=t,auth.credentialsSecret=creds", "auth.natsNkeySeed=SUAB,auth.natsToken=t",
+                "auth.natsNkeySeed=SUAB,auth.credentialsSecret=creds", "auth.natsNkeySeed=UAB"]:
         p = helm("template", "lg", CHART, "--set", bad, expect_ok=False)
         if p.returncode == 0:
             fail(f"the schema accepted --set {bad}")
     for good in ["config.rules.rate.max=0,config.rules.rate.window_seconds=0", "auth.natsUser=lg,auth.natsPassword=pw",
-                 "auth.natsToken=t", "auth.existingSecret=mine,auth.natsUser=ignored"]:
+                 "auth.natsToken=t", "auth.natsNkeySeed=SUAB", "auth.existingSecret=mine,auth.natsUser=ignored"]:
         p = helm("template", "lg", CHART, "--set", good, expect_ok=False)
         if p.returncode != 0:
             fail(f"the schema refused --set {good}: {p.stderr}")
@@ -261,8 +262,16 @@ def main():
     if "hunter2" in notes.split("NOTES:")[-1]:
         fail("the install notes show the password of the NATS URL")
     env = {e["name"]: e for e in by_kind(rendered["full"][1], "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
-    if set(env) != {"LOOPGUARD__HTTP__ADMIN_TOKEN", "LOOPGUARD__NATS__USER", "LOOPGUARD__NATS__PASSWORD", "LOOPGUARD__NATS__TOKEN"}:
+    if set(env) != {"LOOPGUARD__HTTP__ADMIN_TOKEN", "LOOPGUARD__NATS__USER", "LOOPGUARD__NATS__PASSWORD", "LOOPGUARD__NATS__TOKEN",
+                    "LOOPGUARD__NATS__NKEY_SEED"}:
         fail(f"secrets are not passed as LOOPGUARD__ variables: {sorted(env)}")
+    # An nkey seed goes into the chart's Secret and reaches loopguard as nats.nkey_seed.
+    seeded = docs(helm("template", "lg", CHART, "--set", "auth.natsNkeySeed=SUAB").stdout)
+    seed_env = {e["name"]: e for e in by_kind(seeded, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    ref = seed_env["LOOPGUARD__NATS__NKEY_SEED"]["valueFrom"]["secretKeyRef"]
+    secret = by_kind(seeded, "Secret")
+    if ref["key"] != "nkey-seed" or ref["name"] != secret["metadata"]["name"] or secret["data"].get("nkey-seed") != "U1VBQg==":
+        fail(f"the nkey seed does not reach LOOPGUARD__NATS__NKEY_SEED: {ref} {secret['data']}")
     ok("Deployment: labels, probes, restricted securityContext, grace period, resources, Recreate, config and secret checksums, secrets via env; notes hide URL passwords")
     print("chart tests: all passed")
 

@@ -37,12 +37,12 @@ app.kubernetes.io/component: loop-guard
 {{- end }}
 {{- end }}
 
-{{/* The Secret holding admin-token / nats-user / nats-password / nats-token, if any. */}}
+{{/* The Secret holding admin-token / nats-user / nats-password / nats-token / nkey-seed, if any. */}}
 {{- define "loopguard.secretName" -}}
 {{- $a := .Values.auth }}
 {{- if $a.existingSecret }}
 {{- $a.existingSecret }}
-{{- else if or $a.adminToken $a.natsUser $a.natsPassword $a.natsToken }}
+{{- else if or $a.adminToken $a.natsUser $a.natsPassword $a.natsToken $a.natsNkeySeed }}
 {{- include "loopguard.fullname" . }}
 {{- end }}
 {{- end }}
