@@ -160,6 +160,11 @@ pub async fn run(
         };
         let raw = subscribe(subjects.raw_wildcard()).await?;
         let join = subscribe(subjects.join_wildcard()).await?;
+        // Once the server answers a round trip it holds both subscriptions:
+        // from /readyz 200 on, a message published elsewhere comes in.
+        if let Err(e) = client.flush().await {
+            tracing::warn!(error = %e, "could not confirm the subscriptions with the server");
+        }
         Intake::Core(raw, join)
     };
     readiness.subscribed(client.clone());

@@ -244,7 +244,8 @@ impl Metrics {
                 "Time the policy service took to answer, timeouts included.",
             )
             .buckets(vec![
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0,
             ]),
         )
         .expect("static histogram");

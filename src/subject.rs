@@ -190,7 +190,7 @@ impl Subjects {
             },
             ("raw", _) => invalid(
                 world.ok(),
-                None,
+                tail[0].and_then(SenderKind::parse),
                 tail[1].unwrap_or(""),
                 "subject must have the form P.raw.WORLD.KIND.NAME",
             ),
@@ -277,11 +277,22 @@ mod tests {
         }
     }
 
+    /// Whatever else is wrong with the subject (a bad name, too few or too
+    /// many tokens), a valid kind is kept, so the event says it and the
+    /// message is counted under it.
     #[test]
     fn a_valid_kind_is_kept_for_counting() {
-        match s().parse("chat.raw.lobby.human.x*") {
-            Origin::Invalid { kind, .. } => assert_eq!(kind, Some(SenderKind::Human)),
-            other => panic!("{other:?}"),
+        for (subject, want) in [
+            ("chat.raw.lobby.human.x*", Some(SenderKind::Human)),
+            ("chat.raw.lobby.agent.a.b", Some(SenderKind::Agent)),
+            ("chat.raw.lobby.system", Some(SenderKind::System)),
+            ("chat.raw.lobby.robot.a.b", None),
+            ("chat.raw.lobby", None),
+        ] {
+            match s().parse(subject) {
+                Origin::Invalid { kind, .. } => assert_eq!(kind, want, "{subject}"),
+                other => panic!("{subject}: {other:?}"),
+            }
         }
     }
 

@@ -17,14 +17,26 @@ fn run(args: &[&str], env: &[(&str, &str)], toml: Option<&str>) -> (i32, String)
         std::fs::write(&path, toml).unwrap();
         cmd.arg("--config").arg(path);
     }
-    cmd.args(args).env_remove("LOOPGUARD_CONFIG");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("binary runs");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.code().unwrap_or(-1), text)
+    support::clear_loopguard_env(&mut cmd);
+    cmd.args(args).envs(env.iter().copied());
+    // Bounded: a case that became valid would otherwise connect forever.
+    let out = dir.path().join("out");
+    cmd.stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&out).unwrap());
+    let mut child = cmd.spawn().expect("binary runs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("loopguard {args:?} {env:?} did not exit within 30 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let text = String::from_utf8_lossy(&std::fs::read(&out).unwrap()).to_string();
+    (status.code().unwrap_or(-1), text)
 }
 
 #[test]
@@ -156,17 +168,18 @@ fn environment_overrides_the_file() {
 
 #[tokio::test]
 async fn starts_before_nats_is_reachable_and_serves_once_it_is() {
-    let port = support::free_port();
+    let (held, port) = support::reserve_port();
     let url = format!("nats://127.0.0.1:{port}");
     let mut lg = Loopguard::spawn(&url, "");
     // No server yet: loopguard must keep running and retrying.
-    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    lg.until_logged("NATS client error", 1).await;
     assert!(
         lg.is_running(),
         "loopguard exited without NATS: {}",
         lg.logs()
     );
 
+    drop(held);
     let nats = NatsServer::start_on(port);
     let client = within("client", async_nats::connect(nats.url()))
         .await
@@ -196,9 +209,13 @@ async fn starts_before_nats_is_reachable_and_serves_once_it_is() {
 #[tokio::test]
 async fn sigterm_drains_everything_taken_in_and_exits_0() {
     use futures::StreamExt;
-    let mut h =
-        Harness::start("[rules.turns]\nmax = 0\n[rules.rate]\nmax = 0\n[rules.depth]\nmax = 0\n")
-            .await;
+    // A grace period far beyond the drain's need: what is checked here is
+    // that everything is drained, not how fast a debug build does it.
+    let mut h = Harness::start(
+        "[rules.turns]\nmax = 0\n[rules.rate]\nmax = 0\n[rules.depth]\nmax = 0\n\
+         [shutdown]\ngrace_seconds = 120\n",
+    )
+    .await;
     // A counter of its own, with room for everything: the harness recorder
     // also sees the raw traffic and is not sized for this volume.
     let counter = within(

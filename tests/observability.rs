@@ -139,7 +139,9 @@ async fn no_metric_label_carries_a_world_agent_or_message_value() {
     )
     .await;
     h.settle("secretworld").await;
-    let (_, body) = http(&addr, "GET", "/metrics", &[]).await;
+    let (status, body) = http(&addr, "GET", "/metrics", &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("loopguard_messages_total{"), "{body}");
     for needle in ["secretworld", "secretagent", "secretcontent", "secretid"] {
         assert!(!body.contains(needle), "{needle} leaked into /metrics");
     }
@@ -151,7 +153,9 @@ async fn promtool_accepts_a_real_scrape() {
     let addr = h.loopguard.http_addr().await;
     h.send_json("w", "human", "hank", msg("hi")).await;
     h.settle("w").await;
-    let (_, body) = http(&addr, "GET", "/metrics", &[]).await;
+    let (status, body) = http(&addr, "GET", "/metrics", &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("loopguard_messages_total{"), "{body}");
     let promtool = std::env::var("PROMTOOL").unwrap_or_else(|_| "promtool".into());
     let mut child = std::process::Command::new(&promtool)
         .args(["check", "metrics"])
@@ -255,9 +259,11 @@ async fn readyz_is_503_while_nats_is_down_and_200_after_it_returns_on_the_same_p
 
 #[tokio::test]
 async fn readyz_is_503_before_nats_is_reachable() {
-    let port = support::free_port();
+    let (_held, port) = support::reserve_port();
     let lg = support::Loopguard::spawn(&format!("nats://127.0.0.1:{port}"), "");
     let addr = lg.http_addr().await;
+    // It has tried NATS and failed, not merely not tried yet.
+    lg.until_logged("NATS client error", 1).await;
     assert_eq!(http(&addr, "GET", "/healthz", &[]).await.0, 200);
     assert_eq!(http(&addr, "GET", "/readyz", &[]).await.0, 503);
 }

@@ -307,7 +307,7 @@ async fn policy_service(
 #[tokio::test]
 async fn the_policy_hook_is_asked_after_the_cheap_rules_and_followed() {
     let mut h = Harness::start(&format!(
-        "{BASE}[rules.policy]\nsubject = \"policy.check\"\ntimeout_ms = 2000\n"
+        "{BASE}[rules.policy]\nsubject = \"policy.check\"\ntimeout_ms = 10000\n"
     ))
     .await;
     let asked = policy_service(h.client.clone(), "policy.check").await;
@@ -406,7 +406,7 @@ async fn without_an_answer_the_hook_fails_open_or_closed_as_configured() {
 #[tokio::test]
 async fn a_message_the_policy_rejects_changes_nothing_in_its_world() {
     let mut h = Harness::start(&format!(
-        "{BASE}[rules.concluded]\nenabled = true\n[rules.policy]\nsubject = \"policy.check\"\ntimeout_ms = 2000\n"
+        "{BASE}[rules.concluded]\nenabled = true\n[rules.policy]\nsubject = \"policy.check\"\ntimeout_ms = 10000\n"
     ))
     .await;
     let _asked = policy_service(h.client.clone(), "policy.check").await;

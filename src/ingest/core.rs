@@ -10,30 +10,34 @@ use super::Dispatcher;
 /// Reads both subscriptions until `stop` resolves, then drains them: the
 /// server stops sending, and whatever it already sent is still dispatched.
 pub async fn run(
-    mut raw: Subscriber,
-    mut join: Subscriber,
+    raw: Subscriber,
+    join: Subscriber,
     dispatcher: &Dispatcher,
     stop: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(stop);
+    // Read in turn: a backlog of raw messages does not hold joins back (and
+    // a mention after a join miss its agent) until the backlog is gone.
+    let mut both = futures::stream::select(raw, join);
     loop {
         tokio::select! {
             biased;
             _ = &mut stop => break,
-            Some(m) = raw.next() => dispatcher.dispatch(m, None).await,
-            Some(m) = join.next() => dispatcher.dispatch(m, None).await,
-            else => return,
+            m = both.next() => match m {
+                Some(m) => dispatcher.dispatch(m, None).await,
+                None => return,
+            },
         }
     }
     tracing::info!("shutdown: intake stopped, draining subscriptions");
-    for sub in [&mut raw, &mut join] {
+    let (raw, join) = both.get_mut();
+    for sub in [raw, join] {
         if let Err(e) = sub.drain().await {
             tracing::warn!(error = %e, "could not drain a subscription");
         }
     }
     let mut drained = 0u64;
-    let mut rest = futures::stream::select(raw, join);
-    while let Some(m) = rest.next().await {
+    while let Some(m) = both.next().await {
         dispatcher.dispatch(m, None).await;
         drained += 1;
     }

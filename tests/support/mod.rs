@@ -9,7 +9,6 @@
 //! barrier's event is in, every output of the earlier messages is too.
 #![allow(dead_code)]
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,11 +29,16 @@ pub async fn within<F: std::future::Future>(what: &str, fut: F) -> F::Output {
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
 }
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+/// A loopback port held until the socket is dropped: bound but not
+/// listening, so connections to it are refused and no other process (a
+/// parallel test's server or listener) can take it meanwhile.
+pub fn reserve_port() -> (tokio::net::TcpSocket, u16) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind(([127, 0, 0, 1], 0).into())
+        .expect("a free port");
+    let port = socket.local_addr().expect("its address").port();
+    (socket, port)
 }
 
 fn nats_server_bin() -> PathBuf {
@@ -54,11 +58,22 @@ fn nats_server_bin() -> PathBuf {
     panic!("nats-server not found: run `make test`, which installs it, or set NATS_SERVER");
 }
 
+/// Removes loopguard's own variables (`LOOPGUARD…`) that the test process
+/// inherited, so a stray one in a developer's or CI's environment cannot
+/// change a test's configuration.
+pub fn clear_loopguard_env(cmd: &mut Command) {
+    for (name, _) in std::env::vars_os() {
+        if name.as_encoded_bytes().starts_with(b"LOOPGUARD") {
+            cmd.env_remove(name);
+        }
+    }
+}
+
 /// A nats-server child process, killed on drop.
 pub struct NatsServer {
     child: Child,
     pub port: u16,
-    _dir: Option<tempfile::TempDir>,
+    _dir: tempfile::TempDir,
     /// Flags it was started with, for a restart on the same port.
     extra: Vec<String>,
     /// JetStream store directory, kept across restarts.
@@ -74,9 +89,27 @@ impl NatsServer {
 
     /// Like [`NatsServer::start`], with extra server flags (e.g. auth).
     pub fn start_with(extra: &[&str]) -> NatsServer {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let (child, port, dir) = NatsServer::spawn("-1", &extra);
+        let server = NatsServer {
+            child,
+            port,
+            _dir: dir,
+            extra,
+            store: None,
+        };
+        server.wait_accepting();
+        server
+    }
+
+    /// Spawns nats-server on `port` (`-1`: one it picks) and reads the port
+    /// it listens on back from its ports file. A server that cannot have
+    /// the port (another process took it) fails here, saying so, rather
+    /// than leaving a test talking to whatever holds the port.
+    fn spawn(port: &str, extra: &[String]) -> (Child, u16, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut child = Command::new(nats_server_bin())
-            .args(["-a", "127.0.0.1", "-p", "-1", "--ports_file_dir"])
+            .args(["-a", "127.0.0.1", "-p", port, "--ports_file_dir"])
             .arg(dir.path())
             .args(extra)
             .stdout(Stdio::null())
@@ -85,7 +118,7 @@ impl NatsServer {
             .expect("nats-server starts");
         let ports_file = dir.path().join(format!("nats-server_{}.ports", child.id()));
         let deadline = std::time::Instant::now() + TIMEOUT;
-        let port = loop {
+        let listening: u16 = loop {
             let url = std::fs::read_to_string(&ports_file)
                 .ok()
                 .and_then(|text| serde_json::from_str::<Value>(&text).ok())
@@ -96,7 +129,7 @@ impl NatsServer {
             }
             assert!(
                 child.try_wait().ok().flatten().is_none(),
-                "nats-server exited at start"
+                "nats-server exited at start (port {port} taken?)"
             );
             assert!(
                 std::time::Instant::now() < deadline,
@@ -104,15 +137,10 @@ impl NatsServer {
             );
             std::thread::sleep(Duration::from_millis(10));
         };
-        let server = NatsServer {
-            child,
-            port,
-            _dir: Some(dir),
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-            store: None,
-        };
-        server.wait_accepting();
-        server
+        if port != "-1" {
+            assert_eq!(listening.to_string(), port, "nats-server on another port");
+        }
+        (child, listening, dir)
     }
 
     /// A server with JetStream on, storing in its own temporary directory.
@@ -128,13 +156,8 @@ impl NatsServer {
     /// flags (and so the same JetStream store).
     pub fn restart(&mut self) {
         self.stop();
-        self.child = Command::new(nats_server_bin())
-            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nats-server restarts");
+        let (child, _, dir) = NatsServer::spawn(&self.port.to_string(), &self.extra);
+        (self.child, self._dir) = (child, dir);
         self.wait_accepting();
     }
 
@@ -153,16 +176,11 @@ impl NatsServer {
 
     /// Starts a server on a given `port` (to restart one where it was).
     pub fn start_on(port: u16) -> NatsServer {
-        let child = Command::new(nats_server_bin())
-            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nats-server starts");
+        let (child, port, dir) = NatsServer::spawn(&port.to_string(), &[]);
         let server = NatsServer {
             child,
             port,
-            _dir: None,
+            _dir: dir,
             extra: Vec::new(),
             store: None,
         };
@@ -219,7 +237,9 @@ impl Loopguard {
         let config = dir.path().join("loopguard.toml");
         std::fs::write(&config, toml).expect("config file");
         let log = dir.path().join("loopguard.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_loopguard"))
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_loopguard"));
+        clear_loopguard_env(&mut cmd);
+        let child = cmd
             .arg("--config")
             .arg(&config)
             .env("RUST_LOG", "loopguard=debug")
@@ -271,11 +291,12 @@ impl Loopguard {
 
     /// Sends SIGTERM and waits for the exit code.
     pub async fn terminate(&mut self) -> std::process::ExitStatus {
-        let ok = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(ok.success());
+        self.signal("TERM");
+        self.exited().await
+    }
+
+    /// Waits for the process to exit (after a signal sent before).
+    pub async fn exited(&mut self) -> std::process::ExitStatus {
         within("loopguard to exit after SIGTERM", async {
             loop {
                 if let Some(status) = self.child.try_wait().expect("wait") {
