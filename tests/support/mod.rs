@@ -19,8 +19,10 @@ use futures::StreamExt;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-/// Upper bound of any single wait in a test.
-pub const TIMEOUT: Duration = Duration::from_secs(15);
+/// Upper bound of any single wait in a test. Generous: a loaded 2-core CI
+/// machine running a debug build is slow, and a wait runs this long only
+/// when the test is failing anyway.
+pub const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Awaits `fut`, failing the test instead of hanging.
 pub async fn within<F: std::future::Future>(what: &str, fut: F) -> F::Output {
