@@ -162,8 +162,13 @@ pub async fn run(
         let join = subscribe(subjects.join_wildcard()).await?;
         // Once the server answers a round trip it holds both subscriptions:
         // from /readyz 200 on, a message published elsewhere comes in.
-        if let Err(e) = client.flush().await {
-            tracing::warn!(error = %e, "could not confirm the subscriptions with the server");
+        // Until NATS is first reached the round trip waits; a signal then
+        // goes on to the intake, which stops and drains as always.
+        tokio::select! {
+            flushed = client.flush() => if let Err(e) = flushed {
+                tracing::warn!(error = %e, "could not confirm the subscriptions with the server");
+            },
+            _ = stopped() => {}
         }
         Intake::Core(raw, join)
     };

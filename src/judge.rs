@@ -576,11 +576,6 @@ impl Judge {
             routing::route(kind, &sender, &env.content, &w, now)
         } else if pass::is_pass(&env.content) {
             w.reset_turns();
-            // A content read from `text` is replaced there too: the
-            // agent's words do not go out beside the hand-back.
-            if env.fields.get("text").and_then(Value::as_str) == Some(env.content.as_str()) {
-                env.fields.remove("text");
-            }
             env.content = pass::handback_content(&sender);
             d.outcome = Outcome::Edited;
             d.rule = Some(RuleName::Pass);
@@ -1299,11 +1294,11 @@ mod tests {
         );
     }
 
-    /// A pass whose content came from `text` (no `content` field) leaves
-    /// with the hand-back only: the agent's words are not kept in `text`.
-    /// Other fields, and a `text` beside a `content`, are kept as written.
+    /// A pass read from `text` (no `content` field) sets `content` to the
+    /// hand-back; `text`, an ingress field, is kept as written (contract
+    /// §4: every ingress field kept), as are the others.
     #[test]
-    fn a_pass_read_from_text_does_not_keep_the_text() {
+    fn a_pass_read_from_text_sets_content_and_keeps_the_fields() {
         let rig = Rig::new(|_| {});
         let d = rig.send(
             "agent",
@@ -1313,16 +1308,8 @@ mod tests {
         assert_eq!(d.outcome, Outcome::Edited);
         let copy = json(&d.outbound[0]);
         assert_eq!(copy["content"], "@human b is passing control to you");
-        assert_eq!(copy.get("text"), None, "{copy}");
+        assert_eq!(copy["text"], "stuck, <world>pass</world> sorry");
         assert_eq!(copy["lang"], "en");
-
-        let d = rig.send(
-            "agent",
-            "c",
-            r#"{"content":"<world>pass</world>","text":"a caption"}"#,
-        );
-        assert_eq!(d.outcome, Outcome::Edited);
-        assert_eq!(json(&d.outbound[0])["text"], "a caption");
     }
 
     #[test]

@@ -21,8 +21,8 @@ fn run(args: &[&str], env: &[(&str, &str)], toml: Option<&str>) -> (i32, String)
     cmd.args(args).envs(env.iter().copied());
     // Bounded: a case that became valid would otherwise connect forever.
     let out = dir.path().join("out");
-    cmd.stdout(std::fs::File::create(&out).unwrap())
-        .stderr(std::fs::File::create(&out).unwrap());
+    let file = std::fs::File::create(&out).unwrap();
+    cmd.stdout(file.try_clone().unwrap()).stderr(file);
     let mut child = cmd.spawn().expect("binary runs");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let status = loop {
@@ -213,7 +213,7 @@ async fn sigterm_drains_everything_taken_in_and_exits_0() {
     // that everything is drained, not how fast a debug build does it.
     let mut h = Harness::start(
         "[rules.turns]\nmax = 0\n[rules.rate]\nmax = 0\n[rules.depth]\nmax = 0\n\
-         [shutdown]\ngrace_seconds = 120\n",
+         [shutdown]\ngrace_seconds = 45\n",
     )
     .await;
     // A counter of its own, with room for everything: the harness recorder
@@ -311,6 +311,23 @@ async fn the_grace_period_bounds_a_drain_that_cannot_finish() {
         took >= std::time::Duration::from_secs(1),
         "waited out the grace period: {took:?}"
     );
+}
+
+/// SIGTERM before NATS was ever reached: loopguard still stops (within its
+/// grace period, as it cannot drain subscriptions no server holds) and
+/// exits 0, rather than waiting for a server that may never come.
+#[tokio::test]
+async fn sigterm_before_nats_was_ever_reached_stops_loopguard() {
+    let (_held, port) = support::reserve_port();
+    let mut lg = Loopguard::spawn(
+        &format!("nats://127.0.0.1:{port}"),
+        "[shutdown]\ngrace_seconds = 1\n",
+    );
+    lg.until_logged("NATS client error", 1).await;
+    let status = lg.terminate().await;
+    let logs = lg.logs();
+    assert_eq!(status.code(), Some(0), "{logs}");
+    assert!(logs.contains("shutdown: signal received"), "{logs}");
 }
 
 /// Waits until loopguard's `/readyz` answers 200.

@@ -70,8 +70,6 @@ fn content() -> impl Strategy<Value = String> {
     ]
 }
 
-/// A judge with the contract's rules, and with `optional`, loopguard's own
-/// rules on too, set tight enough to reject often.
 /// Payloads for the envelope parser: arbitrary bytes (mostly not UTF-8),
 /// printable text (the plain-text path), and JSON envelopes with and
 /// without an id (the JSON path, and the header id's).
@@ -89,6 +87,8 @@ fn payload() -> impl Strategy<Value = Vec<u8>> {
     ]
 }
 
+/// A judge with the contract's rules, and with `optional`, loopguard's own
+/// rules on too, set tight enough to reject often.
 fn judge(optional: bool) -> Judge {
     let mut config = Config::default();
     if optional {

@@ -553,7 +553,7 @@ async fn sigterm_under_load_leaves_the_rest_for_redelivery_and_exits_within_the_
     // hold at SIGTERM is far from the whole burst.
     // The grace period is long, so that a loaded machine cannot run it out:
     // the test is that loopguard stops taking more and exits on its own.
-    let config = format!("[shutdown]\ngrace_seconds = 60\n{JS_CONFIG}").replace(
+    let config = format!("[shutdown]\ngrace_seconds = 45\n{JS_CONFIG}").replace(
         "enabled = true\n",
         "enabled = true\nmax_ack_pending = 100\n",
     );
