@@ -36,7 +36,14 @@ printed above: where the two differ, the tables are the newer.
   relay 238k against 283k and cost 3.00 µs of CPU a message against 2.33,
   while the mention parser, in the CPU's caches, took the same 84 ns: the
   slowness was in what the server, the relays and the producer share.
-  Ratios inside the run are what to compare. The runs of 12:45 UTC
+  Ratios inside the run are what to compare. After that run the core
+  intake changed: it reads the raw and join subscriptions in turn
+  (`futures::stream::select`) where it read raw first always. Side by
+  side (`BENCH_ONLY=pair`, profile-guided builds of both, run old, new,
+  new, old on 2026-11-22 after 15:30 UTC), (c1)/(b) had medians of 4.25
+  and 3.93 before and 4.36 and 4.31 after, (c1)/(b2) 2.48 and 2.57
+  before and 2.67 and 2.46 after: within the spread of unchanged code.
+  The runs of 12:45 UTC
   (relay) and 12:46 UTC (criterion) were of commit 4d91e52. Since the
   runs of 11:21 and 11:22 UTC (of e71518c; their figures are next in the
   brackets below) a

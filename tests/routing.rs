@@ -155,8 +155,9 @@ async fn a_join_is_taken_in_while_raw_messages_are_backlogged() {
     assert_eq!(
         out.private("den", "dave").len(),
         1,
-        "the join was taken in before the mention: {:?}",
-        out.public("den")
+        "the join was taken in before the mention: {:?}\n{}",
+        out.public("den"),
+        h.loopguard.logs()
     );
     assert!(out.public("den").is_empty());
 }
