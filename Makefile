@@ -3,8 +3,8 @@
 
 CARGO ?= cargo
 # NATS_SERVER=/path/to/nats-server (in the environment or on the command
-# line) uses a nats-server of your own: scripts/deps.sh, the demo and the
-# tests all look at it.
+# line) uses a nats-server of your own: scripts/deps.sh, the demo, the
+# tests, the benchmarks and the PGO build all look at it.
 DEMO_LOG ?= target/demo-loopguard.log
 
 .PHONY: all build test test-alerts test-chart test-compose test-examples py-deps demo release bench memory deps test-deps lint fmt clean

@@ -929,11 +929,16 @@ async fn main() -> Result<(), Error> {
         return Ok(()); // `cargo test --benches` probes; nothing to run.
     }
     let dir = tempfile::tempdir()?;
-    let nats_bin = ["nats-server", "/usr/sbin/nats-server"]
-        .into_iter()
-        .find(|b| Command::new(b).arg("--version").output().is_ok())
-        .ok_or("nats-server not found")?;
-    let mut nats = Command::new(nats_bin)
+    // NATS_SERVER names it, as for the tests and scripts/deps.sh.
+    let nats_bin = match std::env::var("NATS_SERVER") {
+        Ok(bin) => bin,
+        Err(_) => ["nats-server", "/usr/sbin/nats-server"]
+            .into_iter()
+            .find(|b| Command::new(b).arg("--version").output().is_ok())
+            .ok_or("nats-server not found (set NATS_SERVER)")?
+            .to_string(),
+    };
+    let mut nats = Command::new(&nats_bin)
         .args([
             "-a",
             "127.0.0.1",
@@ -946,7 +951,8 @@ async fn main() -> Result<(), Error> {
         .arg(dir.path())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .spawn()?;
+        .spawn()
+        .map_err(|e| format!("cannot start {nats_bin}: {e}"))?;
     let ports = dir.path().join(format!("nats-server_{}.ports", nats.id()));
     // The client URL, and host:port of the monitoring endpoint.
     let (url, monitor) = loop {

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MAX_WORLDS=${MAX_WORLDS:-10000}
 cargo build --release --bin loopguard --example flood
-NATS=$(command -v nats-server || echo /usr/sbin/nats-server)
+NATS=${NATS_SERVER:-$(command -v nats-server || echo /usr/sbin/nats-server)}
 tmp=$(mktemp -d)
 $NATS -a 127.0.0.1 -p -1 --ports_file_dir "$tmp" >/dev/null 2>&1 & nats_pid=$!
 trap 'kill $lg_pid $nats_pid 2>/dev/null || true; rm -rf "$tmp"' EXIT

@@ -30,7 +30,7 @@ if [ ! -x "$profdata" ] && [ -z "${LLVM_PROFDATA:-}" ] && command -v rustup >/de
     rustup component add llvm-tools
 fi
 [ -x "$profdata" ] || { echo "pgo: no llvm-profdata at $profdata (rustup component add llvm-tools, or set LLVM_PROFDATA)" >&2; exit 1; }
-nats_server=$(command -v nats-server || ls /usr/sbin/nats-server 2>/dev/null || true)
+nats_server=${NATS_SERVER:-$(command -v nats-server || ls /usr/sbin/nats-server 2>/dev/null || true)}
 [ -n "$nats_server" ] || { echo "pgo: nats-server not found (Debian: apt-get install nats-server)" >&2; exit 1; }
 
 rm -rf "$out/train" "$out/run"
