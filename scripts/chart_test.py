@@ -159,7 +159,8 @@ def main():
     full_toml = by_kind(rendered["full"][1], "ConfigMap")["data"]["loopguard.toml"]
     for expected in ['[worlds."lobby"]', 'agents = ["alice", "bob"]', "rules.turns.max = 10", 'prefix = "acme.chat"', 'mode = "observe"',
                      "threshold = 0.6", "max_worlds = 50000", "max_bytes = 134217728", "subscription_capacity = 131072",
-                     "[nats.jetstream]", "enabled = true", "ack_wait_seconds = 60", "egress_acks = true"]:
+                     "[nats.jetstream]", "enabled = true", "ack_wait_seconds = 60", "egress_acks = true",
+                     'listen = "[::]:9500"']:
         if expected not in full_toml:
             fail(f"full values: {expected!r} missing from the TOML:\n{full_toml}")
     if "change-me" in full_toml or "secret-password" in full_toml:
@@ -187,6 +188,7 @@ def main():
                 "config.nats.jetstream.retention=forever", "updateStrategy.type=Sometimes",
                 "config.state.idle_seconds=315360001", "config.nats.jetstream.ack_wait_seconds=315360001",
                 "config.nats.subscription_capacity=16777217", "config.reload.watch_seconds=86401",
+                "config.http.address=example.com", "config.http.address=0.0.0.0:80",
                 # combinations loopguard refuses: a rule on with no window, one auth method at a time
                 "config.rules.rate.window_seconds=0", "config.rules.budget.max=5,config.rules.budget.window_seconds=0",
                 "config.rules.similar.threshold=0.5,config.rules.similar.window_seconds=0",

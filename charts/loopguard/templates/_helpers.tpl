@@ -93,7 +93,9 @@ key_file = "/etc/loopguard/tls/tls.key"
 {{- end }}
 
 [http]
-listen = {{ printf "0.0.0.0:%d" (int64 $c.http.port) | quote }}
+{{- $address := $c.http.address | default "0.0.0.0" }}
+{{- if contains ":" $address }}{{ $address = printf "[%s]" $address }}{{ end }}
+listen = {{ printf "%s:%d" $address (int64 $c.http.port) | quote }}
 
 [events]
 approved = {{ $c.events.approved }}
