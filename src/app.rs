@@ -43,6 +43,9 @@ pub enum AppError {
     /// JetStream mode what the worker held is delivered again).
     #[error("a worker stopped: {0}; its worlds' messages can no longer be decided")]
     Worker(String),
+    /// A failure above, whose drain the grace period then cut short.
+    #[error("{0} (the grace period ran out before the rest was drained)")]
+    Unfinished(String),
 }
 
 /// Re-reads the configuration (same file, same environment) on SIGHUP.
@@ -136,10 +139,13 @@ pub async fn run(
     let jetstream = &config.nats.jetstream;
     // Egress families a stream captures whole (`egress_acks`).
     let mut captured = Vec::new();
+    // The consumer's own, which may differ from the config's.
+    let mut max_ack_pending = jetstream.max_ack_pending;
     let intake = if jetstream.enabled {
         match open_jetstream(&client, jetstream, &subjects, stopped()).await? {
             Some((messages, families)) => {
                 captured = families;
+                max_ack_pending = messages.max_ack_pending;
                 Intake::JetStream(Box::new(messages))
             }
             None => {
@@ -189,13 +195,16 @@ pub async fn run(
     };
     let replay = jetstream
         .enabled
-        .then(|| ingest::jetstream::Replay::new(jetstream));
+        .then(|| ingest::jetstream::Replay::new(max_ack_pending));
     let (dispatcher, handles) =
         Dispatcher::spawn(workers, judge.clone(), publisher.clone(), replay.clone());
     let mut workers: futures::stream::FuturesUnordered<_> = handles.into_iter().collect();
     // Intake ending in an error (a worker stopped by a bug, a consumer that
     // refuses loopguard) starts the grace period, as a signal does.
     let failed = tokio::sync::Notify::new();
+    // What failed, so that a drain the grace period cuts short still fails
+    // the exit.
+    let failure = std::sync::OnceLock::<String>::new();
 
     let drain = async {
         let intake = async {
@@ -238,7 +247,8 @@ pub async fn run(
             intake = intake => intake,
             Some(ended) = workers.next() => Err(worker_failed(ended, "")),
         };
-        if intake.is_err() {
+        if let Err(e) = &intake {
+            let _ = failure.set(e.to_string());
             readiness.draining();
             failed.notify_one();
         }
@@ -247,7 +257,9 @@ pub async fn run(
         while let Some(ended) = workers.next().await {
             // One that panics while the others drain still fails the exit.
             if ended.is_err() && intake.is_ok() {
-                intake = Err(worker_failed(ended, " while shutting down"));
+                let e = worker_failed(ended, " while shutting down");
+                let _ = failure.set(e.to_string());
+                intake = Err(e);
             }
         }
         tracing::info!("shutdown: flushing");
@@ -272,7 +284,7 @@ pub async fn run(
             tokio::time::sleep(grace).await
         } => {
             tracing::warn!(grace_seconds = grace.as_secs(), "shutdown: grace period over, exiting with work left");
-            Ok(())
+            failure.get().map_or(Ok(()), |why| Err(AppError::Unfinished(why.clone())))
         }
     };
     http.abort();

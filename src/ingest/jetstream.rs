@@ -33,8 +33,7 @@ pub enum JetStreamError {
     #[error("JetStream set-up: {0}")]
     Unavailable(String),
     /// The consumer named `nats.jetstream.consumer` exists but refuses
-    /// loopguard's pull requests (a push consumer, or one that limits pull
-    /// requests below loopguard's): retrying would not help.
+    /// loopguard's pull requests (a push consumer): retrying would not help.
     #[error("consumer {consumer} refuses loopguard's pulls ({reason}); delete it (nats consumer rm) so loopguard creates its own, or choose another nats.jetstream.consumer")]
     Refused { consumer: String, reason: String },
 }
@@ -45,6 +44,9 @@ pub enum JetStreamError {
 pub struct Pull {
     pub messages: pull::Stream,
     pub created: async_nats::datetime::DateTime,
+    /// The consumer's own `max_ack_pending` (an existing one keeps its
+    /// own), which sizes [`Replay`].
+    pub max_ack_pending: u64,
 }
 
 /// Decisions whose acknowledgement may not have reached the server, by
@@ -64,8 +66,27 @@ pub struct Pull {
 /// messages, so theirs fit), a quarter for `acked`.
 #[derive(Clone)]
 pub struct Replay {
-    unacked: moka::sync::Cache<ReplayKey, Arc<[Outbound]>>,
-    acked: moka::sync::Cache<ReplayKey, Arc<[Outbound]>>,
+    unacked: Tier,
+    acked: Tier,
+}
+
+/// One tier of [`Replay`]: decisions by message.
+type Tier = moka::sync::Cache<ReplayKey, Arc<[Outbound]>>;
+
+/// Whether a pulled message was delivered before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// Not before: decided.
+    New,
+    /// Redelivered (or, on a work queue, delivered again by a new
+    /// consumer: what is left there was never finished): a decision held
+    /// for it, acknowledged or not, is republished.
+    Redelivered,
+    /// Delivered again by a new consumer on a `limits` or `interest`
+    /// stream, which starts at the stream's first message, finished ones
+    /// too: a decision held unacknowledged is republished; a finished
+    /// message is decided again.
+    Reread,
 }
 
 /// A message in [`Replay`]: its stream's generation (how often loopguard
@@ -83,13 +104,20 @@ pub type ReplayKey = (u32, u64);
 const REPLAY_BYTES_PER_DECISION: u32 = 4096;
 
 impl Replay {
-    pub fn new(config: &JetStreamConfig) -> Replay {
-        let quarter = config
-            .max_ack_pending
-            .saturating_mul(u64::from(REPLAY_BYTES_PER_DECISION) / 2);
+    /// Sized for the consumer's `max_ack_pending`.
+    pub fn new(max_ack_pending: u64) -> Replay {
+        let quarter = max_ack_pending.saturating_mul(u64::from(REPLAY_BYTES_PER_DECISION) / 2);
+        let dropped = Arc::new(Dropped::default());
+        let unacked = tier(quarter.saturating_mul(3))
+            .eviction_listener(move |_, _, cause| {
+                if cause == moka::notification::RemovalCause::Size {
+                    dropped.log();
+                }
+            })
+            .build();
         Replay {
-            unacked: tier(quarter.saturating_mul(3)),
-            acked: tier(quarter),
+            unacked,
+            acked: tier(quarter).build(),
         }
     }
 
@@ -103,6 +131,12 @@ impl Replay {
         let outbound = self.acked.remove(&key)?;
         self.unacked.insert(key, outbound.clone());
         Some(outbound)
+    }
+
+    /// The decision of a message delivered before, only if it was never
+    /// acknowledged.
+    pub fn unacknowledged(&self, key: ReplayKey) -> Option<Arc<[Outbound]>> {
+        self.unacked.get(&key)
     }
 
     /// A message decided and not acknowledged yet.
@@ -127,8 +161,35 @@ impl Replay {
     }
 }
 
+/// Decisions awaiting acknowledgement dropped for room: they weighed more
+/// than [`REPLAY_BYTES_PER_DECISION`] on average. Their redelivery, if any,
+/// is decided again, and may then be judged by its own first approval
+/// (e.g. as a duplicate). Logged at most every ten seconds.
+#[derive(Default)]
+struct Dropped {
+    since: std::sync::atomic::AtomicU64,
+    last: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl Dropped {
+    fn log(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let count = self.since.fetch_add(1, Relaxed) + 1;
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        if last.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10)) {
+            *last = Some(now);
+            self.since.store(0, Relaxed);
+            tracing::warn!(
+                count,
+                "decisions awaiting acknowledgement dropped for room (large messages): a redelivery of theirs is decided again; lower nats.jetstream.max_ack_pending"
+            );
+        }
+    }
+}
+
 /// One tier of [`Replay`], of `capacity` bytes.
-fn tier(capacity: u64) -> moka::sync::Cache<ReplayKey, Arc<[Outbound]>> {
+fn tier(capacity: u64) -> moka::sync::CacheBuilder<ReplayKey, Arc<[Outbound]>, Tier> {
     // moka refuses an entry heavier than the whole cache: one that large
     // is weighed as the whole, and held alone.
     let heaviest = u32::try_from(capacity).unwrap_or(u32::MAX);
@@ -140,7 +201,6 @@ fn tier(capacity: u64) -> moka::sync::Cache<ReplayKey, Arc<[Outbound]>> {
         // would evict, so once full it kept the oldest decisions and
         // refused every new one.
         .eviction_policy(moka::policy::EvictionPolicy::lru())
-        .build()
 }
 
 /// The bytes a decision holds (payloads, subjects, ids), at least
@@ -239,6 +299,10 @@ pub async fn consumer(
     Ok(Pull {
         messages,
         created: info.created,
+        max_ack_pending: u64::try_from(held.max_ack_pending)
+            .ok()
+            .filter(|&n| n > 0)
+            .unwrap_or(config.max_ack_pending),
     })
 }
 
@@ -355,8 +419,12 @@ impl PullError {
     fn of(kind: pull::MessagesErrorKind) -> PullError {
         use pull::MessagesErrorKind::*;
         match kind {
-            Pull | NoResponders | MissingHeartbeat => PullError::Lost,
-            PushBasedConsumer | RequestLimitExceeded => PullError::Refused,
+            // RequestLimitExceeded: the client caps its pulls at the
+            // consumer's limits when it opens them, so only limits lowered
+            // since (`nats consumer edit`) are exceeded; opening again
+            // reads them.
+            Pull | NoResponders | MissingHeartbeat | RequestLimitExceeded => PullError::Lost,
+            PushBasedConsumer => PullError::Refused,
             _ => PullError::Passing,
         }
     }
@@ -447,10 +515,17 @@ pub async fn run<E: From<JetStreamError>>(
                 let _ = acker.ack().await;
                 continue;
             }
+            let seen = if delivered > 1 || (workqueue && sequence <= seen_before) {
+                Seen::Redelivered
+            } else if sequence <= seen_before {
+                Seen::Reread
+            } else {
+                Seen::New
+            };
             let delivery = Delivery {
                 acker,
                 key: (generation, sequence),
-                redelivered: delivered > 1 || (workqueue && sequence <= seen_before),
+                seen,
                 stable_id: format!("{stream}-{sequence}"),
             };
             dispatcher.dispatch(message, Some(delivery)).await;
@@ -490,10 +565,7 @@ mod tests {
     /// A replay for `max_ack_pending = 50`: room for 75 small decisions
     /// unacknowledged and 25 acknowledged.
     fn small_replay() -> Replay {
-        Replay::new(&JetStreamConfig {
-            max_ack_pending: 50,
-            ..JetStreamConfig::default()
-        })
+        Replay::new(50)
     }
 
     #[test]
@@ -542,6 +614,23 @@ mod tests {
     /// (`ack_wait` later) the traffic goes on, decided and acknowledged.
     /// With one cache for both, those newer decisions pushed out the old
     /// batch's, which was then decided afresh, as a duplicate of itself.
+    /// A message a new consumer on a `limits` stream delivers again
+    /// ([`Seen::Reread`]) is republished only if its decision was never
+    /// acknowledged: a finished one is decided again, and an
+    /// acknowledged decision stays where it is.
+    #[test]
+    fn a_reread_message_finds_only_an_unacknowledged_decision() {
+        let replay = small_replay();
+        replay.insert((0, 1), decision(10));
+        replay.insert((0, 2), decision(10));
+        replay.acknowledged((0, 1));
+        assert!(replay.unacknowledged((0, 1)).is_none());
+        assert!(replay.unacknowledged((0, 2)).is_some());
+        assert!(replay.unacknowledged((0, 3)).is_none());
+        // Still held for a redelivery proper.
+        assert!(replay.get((0, 1)).is_some());
+    }
+
     #[test]
     fn traffic_after_an_outage_cannot_push_out_unacknowledged_decisions() {
         let replay = small_replay();

@@ -45,8 +45,9 @@ pub struct Delivery {
     /// The message's identity across redeliveries, under which
     /// `Worker::replay` keeps its outputs.
     pub key: jetstream::ReplayKey,
-    /// Delivered before (the server is redelivering it).
-    pub redelivered: bool,
+    /// Whether it was delivered before, and so which decision held for it
+    /// is republished rather than decided again.
+    pub seen: jetstream::Seen,
     /// Stands in for the id of a message that has none, so reprocessing
     /// yields the same ids.
     pub stable_id: String,
@@ -190,10 +191,10 @@ impl Worker {
         let (mut sent, mut flush) = (true, false);
         match (&delivery, &replay) {
             (Some(d), Some(replay)) => {
-                let earlier = if d.redelivered {
-                    replay.get(d.key)
-                } else {
-                    None
+                let earlier = match d.seen {
+                    jetstream::Seen::New => None,
+                    jetstream::Seen::Redelivered => replay.get(d.key),
+                    jetstream::Seen::Reread => replay.unacknowledged(d.key),
                 };
                 let outbound = match earlier {
                     // Redelivered while its first outputs may still be in
