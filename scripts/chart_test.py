@@ -188,7 +188,7 @@ def main():
                 "config.nats.jetstream.retention=forever", "updateStrategy.type=Sometimes",
                 "config.state.idle_seconds=315360001", "config.nats.jetstream.ack_wait_seconds=315360001",
                 "config.nats.subscription_capacity=16777217", "config.reload.watch_seconds=86401",
-                "config.http.address=example.com", "config.http.address=0.0.0.0:80",
+                "config.http.address=example.com", "config.http.address=0.0.0.0:80", "auth.adminToken=two words",
                 # combinations loopguard refuses: a rule on with no window, one auth method at a time
                 "config.rules.rate.window_seconds=0", "config.rules.budget.max=5,config.rules.budget.window_seconds=0",
                 "config.rules.similar.threshold=0.5,config.rules.similar.window_seconds=0",

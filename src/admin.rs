@@ -342,10 +342,11 @@ fn unauthorised(admin: &Admin, req: &Request<Incoming>) -> Option<Reply> {
             "the admin API is disabled: set http.admin_token".into(),
         ));
     }
-    let presented = req
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    // The scheme's name is case-insensitive (RFC 9110, 11.1).
+    let presented = req.headers().get(AUTHORIZATION).and_then(|v| {
+        let v = v.as_bytes();
+        (v.len() > 7 && v[..7].eq_ignore_ascii_case(b"Bearer ")).then(|| &v[7..])
+    });
     if presented.is_some_and(|t| constant_time_eq(t, admin.admin_token.as_bytes())) {
         return None;
     }

@@ -341,7 +341,10 @@ fn apply_reload(reload: &Reload, judge: &Judge, metrics: &Metrics, trigger: &'st
     }
 }
 
-/// Reloads when the file's modification time or size changes.
+/// Reloads when the file's modification time or size changes, once the
+/// change has stood for a whole check: a file written in place (truncated,
+/// then filled) is not read half-written, when an empty or cut file may
+/// still parse, as all defaults.
 async fn reload_on_change(
     reload: Arc<Reload>,
     path: std::path::PathBuf,
@@ -354,16 +357,18 @@ async fn reload_on_change(
             .ok()
             .map(|m| (m.modified().ok(), m.len()))
     };
-    let mut last = stamp(&path);
+    let mut applied = stamp(&path);
+    let mut seen = applied;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let now = stamp(&path);
-        if now != last {
-            last = now;
+        if now == seen && now != applied {
+            applied = now;
             apply_reload(&reload, &judge, &metrics, "file change");
         }
+        seen = now;
     }
 }
 

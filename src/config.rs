@@ -967,6 +967,16 @@ impl Config {
                 format!("{:?} is not an address: {e}", self.http.listen),
             )
         })?;
+        // A header value cannot carry a space at its end or a control
+        // character (HTTP trims or refuses them), so a token holding one
+        // could never be presented: a Secret made from a file often ends
+        // in a newline.
+        if !self.http.admin_token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(invalid(
+                "http.admin_token",
+                "may only hold visible ASCII characters (no spaces, newlines or other control characters)",
+            ));
+        }
         if self.limits.max_payload_bytes == 0 {
             return Err(invalid("limits.max_payload_bytes", "must be at least 1"));
         }
@@ -1516,6 +1526,17 @@ mod tests {
             e.contains("LOOPGUARD__RULES__LOW_CONTENT__PHRASES") && e.contains("JSON array"),
             "{e}"
         );
+    }
+
+    /// A token HTTP could never carry (a Secret made from a file ends in a
+    /// newline) is refused at start, not answered 401 for ever.
+    #[test]
+    fn an_admin_token_must_be_visible_ascii() {
+        for bad in ["s3cret\n", "s3cret ", "two words", "caf\u{e9}"] {
+            let e = error_of("", &[("LOOPGUARD__HTTP__ADMIN_TOKEN", bad)]);
+            assert!(e.contains("http.admin_token"), "{bad:?}: {e}");
+        }
+        assert!(load_toml("", &[("LOOPGUARD__HTTP__ADMIN_TOKEN", "tok-123_~!")]).is_ok());
     }
 
     #[test]

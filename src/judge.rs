@@ -280,9 +280,11 @@ impl Judge {
     }
 
     /// Applies a reloaded configuration from the next decision on: rules,
-    /// per-world overrides, mode, events and limits. Returns the sections
-    /// that changed but only take effect after a restart.
-    pub fn reload(&self, new: Settings) -> Vec<&'static str> {
+    /// per-world overrides, mode, events, limits and conversation. Returns
+    /// the sections that differ from those running but only take effect
+    /// after a restart; those keep their running values here, so the next
+    /// reload is compared with what runs, not with the last file read.
+    pub fn reload(&self, mut new: Settings) -> Vec<&'static str> {
         let old = self.settings();
         let (a, b) = (&old.config, &new.config);
         fn differ<T: Serialize>(a: &T, b: &T) -> bool {
@@ -302,6 +304,15 @@ impl Judge {
                 restart.push(name);
             }
         }
+        let running = &old.config;
+        let b = &mut new.config;
+        b.nats = running.nats.clone();
+        b.http = running.http.clone();
+        b.state = running.state.clone();
+        b.shutdown = running.shutdown.clone();
+        b.log = running.log.clone();
+        b.runtime = running.runtime.clone();
+        b.reload = running.reload.clone();
         *self.settings.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(new);
         restart
     }
@@ -1310,6 +1321,24 @@ mod tests {
         assert_eq!(copy["content"], "@human b is passing control to you");
         assert_eq!(copy["text"], "stuck, <world>pass</world> sorry");
         assert_eq!(copy["lang"], "en");
+    }
+
+    /// A reload names the restart-only sections that differ from what
+    /// runs: again on the next reload while the file still differs, and
+    /// not once the file is back to what runs.
+    #[test]
+    fn a_reload_names_sections_that_differ_from_what_runs() {
+        let rig = Rig::new(|_| {});
+        let reload = |listen: &str, turns: u32| {
+            let mut config = Config::default();
+            config.http.listen = listen.into();
+            config.rules.turns.max = turns;
+            rig.judge.reload(config.validate().unwrap())
+        };
+        assert_eq!(reload("127.0.0.1:1", 20), ["http"]);
+        assert_eq!(reload("127.0.0.1:1", 5), ["http"], "still not running");
+        assert_eq!(rig.judge.settings().config.rules.turns.max, 5);
+        assert!(reload("0.0.0.0:9464", 5).is_empty(), "back to what runs");
     }
 
     #[test]
