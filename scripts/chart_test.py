@@ -188,7 +188,7 @@ def main():
                 "config.nats.jetstream.retention=forever", "updateStrategy.type=Sometimes",
                 "config.state.idle_seconds=315360001", "config.nats.jetstream.ack_wait_seconds=315360001",
                 "config.nats.subscription_capacity=16777217", "config.reload.watch_seconds=86401",
-                "config.http.address=example.com", "config.http.address=0.0.0.0:80", "auth.adminToken=two words",
+                "config.http.address=example.com", "config.http.address=0.0.0.0:80", "auth.adminToken=tok ",
                 # combinations loopguard refuses: a rule on with no window, one auth method at a time
                 "config.rules.rate.window_seconds=0", "config.rules.budget.max=5,config.rules.budget.window_seconds=0",
                 "config.rules.similar.threshold=0.5,config.rules.similar.window_seconds=0",
@@ -200,7 +200,8 @@ def main():
         if p.returncode == 0:
             fail(f"the schema accepted --set {bad}")
     for good in ["config.rules.rate.max=0,config.rules.rate.window_seconds=0", "auth.natsUser=lg,auth.natsPassword=pw",
-                 "auth.natsToken=t", "auth.natsNkeySeed=SUAB", "auth.existingSecret=mine,auth.natsUser=ignored"]:
+                 "auth.natsToken=t", "auth.natsNkeySeed=SUAB", "auth.existingSecret=mine,auth.natsUser=ignored",
+                 "auth.adminToken=two words"]:
         p = helm("template", "lg", CHART, "--set", good, expect_ok=False)
         if p.returncode != 0:
             fail(f"the schema refused --set {good}: {p.stderr}")

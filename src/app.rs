@@ -139,13 +139,14 @@ pub async fn run(
     let jetstream = &config.nats.jetstream;
     // Egress families a stream captures whole (`egress_acks`).
     let mut captured = Vec::new();
-    // The consumer's own, which may differ from the config's.
+    // The consumer's own, which may differ from the config's; the larger,
+    // as a consumer created again later takes the config's.
     let mut max_ack_pending = jetstream.max_ack_pending;
     let intake = if jetstream.enabled {
         match open_jetstream(&client, jetstream, &subjects, stopped()).await? {
             Some((messages, families)) => {
                 captured = families;
-                max_ack_pending = messages.max_ack_pending;
+                max_ack_pending = max_ack_pending.max(messages.max_ack_pending);
                 Intake::JetStream(Box::new(messages))
             }
             None => {
@@ -358,17 +359,19 @@ async fn reload_on_change(
             .map(|m| (m.modified().ok(), m.len()))
     };
     let mut applied = stamp(&path);
-    let mut seen = applied;
+    let (mut seen, mut changing) = (applied, 0);
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let now = stamp(&path);
-        if now == seen && now != applied {
-            applied = now;
+        changing = if now == seen { 0 } else { changing + 1 };
+        seen = now;
+        // A file rewritten at every check is read at the third.
+        if now != applied && (changing == 0 || changing >= 3) {
+            (applied, changing) = (now, 0);
             apply_reload(&reload, &judge, &metrics, "file change");
         }
-        seen = now;
     }
 }
 

@@ -68,6 +68,8 @@ pub struct Pull {
 pub struct Replay {
     unacked: Tier,
     acked: Tier,
+    /// The `max_ack_pending` it was sized for.
+    sized_for: u64,
 }
 
 /// One tier of [`Replay`]: decisions by message.
@@ -104,7 +106,7 @@ pub type ReplayKey = (u32, u64);
 const REPLAY_BYTES_PER_DECISION: u32 = 4096;
 
 impl Replay {
-    /// Sized for the consumer's `max_ack_pending`.
+    /// Sized for `max_ack_pending` unacknowledged messages.
     pub fn new(max_ack_pending: u64) -> Replay {
         let quarter = max_ack_pending.saturating_mul(u64::from(REPLAY_BYTES_PER_DECISION) / 2);
         let dropped = Arc::new(Dropped::default());
@@ -118,6 +120,20 @@ impl Replay {
         Replay {
             unacked,
             acked: tier(quarter).build(),
+            sized_for: max_ack_pending,
+        }
+    }
+
+    /// A consumer opened again may allow more unacknowledged messages than
+    /// this was sized for (created again with the config's, or edited):
+    /// said once a reopening, as their decisions may then be dropped.
+    pub fn check_size(&self, max_ack_pending: u64) {
+        if max_ack_pending > self.sized_for {
+            tracing::warn!(
+                max_ack_pending,
+                sized_for = self.sized_for,
+                "the consumer now allows more unacknowledged messages than the decisions held for redelivery were sized for; restart loopguard to size them again"
+            );
         }
     }
 
@@ -174,15 +190,15 @@ struct Dropped {
 impl Dropped {
     fn log(&self) {
         use std::sync::atomic::Ordering::Relaxed;
-        let count = self.since.fetch_add(1, Relaxed) + 1;
+        self.since.fetch_add(1, Relaxed);
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         let now = std::time::Instant::now();
         if last.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10)) {
             *last = Some(now);
-            self.since.store(0, Relaxed);
+            let count = self.since.swap(0, Relaxed);
             tracing::warn!(
                 count,
-                "decisions awaiting acknowledgement dropped for room (large messages): a redelivery of theirs is decided again; lower nats.jetstream.max_ack_pending"
+                "decisions awaiting acknowledgement dropped for room (more than 6 KiB each on average, or more unacknowledged messages than the consumer's max_ack_pending when loopguard started): a redelivery of theirs is decided again; lower the consumer's max_ack_pending (nats consumer edit)"
             );
         }
     }
@@ -299,6 +315,7 @@ pub async fn consumer(
     Ok(Pull {
         messages,
         created: info.created,
+        // Unlimited (-1): the config's.
         max_ack_pending: u64::try_from(held.max_ack_pending)
             .ok()
             .filter(|&n| n > 0)
@@ -466,6 +483,9 @@ pub async fn run<E: From<JetStreamError>>(
     let workqueue = config.retention == Retention::Workqueue;
     let mut next = Some(first);
     while let Some(pull) = next.take() {
+        if let Some(replay) = replay {
+            replay.check_size(pull.max_ack_pending);
+        }
         if pull.created != created {
             tracing::warn!(%stream, "the stream was created again: its sequences start again");
             (highest, seen_before, created) = (0, 0, pull.created);
