@@ -67,14 +67,20 @@ async def scenario(url):
     await nc.subscribe("chat.events.pyloop", cb=on_event)
     await nc.flush()
 
-    # loopguard is up once a barrier comes back through it
+    # loopguard is up once a barrier comes back through it. loopguard reads
+    # raw messages and joins on two subscriptions, ordered only among
+    # themselves, so the barrier goes through both: an invalid raw subject
+    # and an invalid join subject, each rejected with the token as sender.
     async def barrier(token):
         await nc.publish(f"chat.raw.pyloop.sync.{token}", b"")
-        while True:
+        await nc.publish(f"chat.join.pyloop.{token}j.sync", b"")
+        pending = {token, token + "j"}
+        while pending:
             e = await events.get()
-            if e["sender"] == token:
-                return
-            seen.append(e)
+            if e["sender"] in pending:
+                pending.discard(e["sender"])
+            else:
+                seen.append(e)
 
     seen = []
     while True:
