@@ -45,7 +45,7 @@ pub struct Pull {
     pub messages: pull::Stream,
     pub created: async_nats::datetime::DateTime,
     /// The consumer's own `max_ack_pending` (an existing one keeps its
-    /// own), which sizes [`Replay`].
+    /// own): with the config's, it sizes [`Replay`].
     pub max_ack_pending: u64,
 }
 
@@ -63,7 +63,8 @@ pub struct Pull {
 /// they hold at most twice `max_ack_pending` decisions,
 /// [`REPLAY_BYTES_PER_DECISION`] each on average: three quarters of that for
 /// `unacked` (the server delivers at most `max_ack_pending` unacknowledged
-/// messages, so theirs fit), a quarter for `acked`.
+/// messages, so theirs fit while they average 1.5 times that; larger ones
+/// are dropped, logged by [`Dropped`]), a quarter for `acked`.
 #[derive(Clone)]
 pub struct Replay {
     unacked: Tier,
@@ -178,7 +179,8 @@ impl Replay {
 }
 
 /// Decisions awaiting acknowledgement dropped for room: they weighed more
-/// than [`REPLAY_BYTES_PER_DECISION`] on average. Their redelivery, if any,
+/// than 1.5 times [`REPLAY_BYTES_PER_DECISION`] on average, or the consumer
+/// allows more of them than [`Replay`] was sized for. Their redelivery, if any,
 /// is decided again, and may then be judged by its own first approval
 /// (e.g. as a duplicate). Logged at most every ten seconds.
 #[derive(Default)]
@@ -630,10 +632,6 @@ mod tests {
         assert!(replay.get((0, 1000)).is_some());
     }
 
-    /// A NATS restart leaves a batch unacknowledged; until it comes back
-    /// (`ack_wait` later) the traffic goes on, decided and acknowledged.
-    /// With one cache for both, those newer decisions pushed out the old
-    /// batch's, which was then decided afresh, as a duplicate of itself.
     /// A message a new consumer on a `limits` stream delivers again
     /// ([`Seen::Reread`]) is republished only if its decision was never
     /// acknowledged: a finished one is decided again, and an
@@ -651,6 +649,10 @@ mod tests {
         assert!(replay.get((0, 1)).is_some());
     }
 
+    /// A NATS restart leaves a batch unacknowledged; until it comes back
+    /// (`ack_wait` later) the traffic goes on, decided and acknowledged.
+    /// With one cache for both, those newer decisions pushed out the old
+    /// batch's, which was then decided afresh, as a duplicate of itself.
     #[test]
     fn traffic_after_an_outage_cannot_push_out_unacknowledged_decisions() {
         let replay = small_replay();
