@@ -7,7 +7,7 @@ CARGO ?= cargo
 # tests, the benchmarks and the PGO build all look at it.
 DEMO_LOG ?= target/demo-loopguard.log
 
-.PHONY: all build test test-alerts test-chart test-compose test-examples py-deps demo release bench memory deps test-deps lint fmt clean
+.PHONY: all build test test-alerts test-chart test-compose test-examples py-deps ts-deps demo release bench memory deps test-deps lint fmt clean
 
 all: build
 
@@ -49,8 +49,16 @@ test-compose: build py-deps
 	$(PYTHON) scripts/compose_test.py
 
 # The Python example agent against a real nats-server and loopguard.
-test-examples: build py-deps
+test-examples: build py-deps ts-deps
 	cd examples/python && $(abspath $(PYTHON)) test_loop.py
+	cd examples/typescript && npm run --silent typecheck
+	cd examples/python && $(abspath $(PYTHON)) test_loop.py --typescript
+
+# The TypeScript example's packages, as its lock file pins them.
+ts-deps: examples/typescript/node_modules/.installed
+examples/typescript/node_modules/.installed: examples/typescript/package-lock.json examples/typescript/package.json
+	cd examples/typescript && npm ci --no-audit --no-fund
+	touch $@
 
 # The alert rules: syntax, then promtool's unit tests (firing and not firing).
 test-alerts:

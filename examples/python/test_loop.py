@@ -1,5 +1,7 @@
-"""`make test-examples`: the Python agent against a real nats-server and a
-real loopguard, shown to be cut off when it loops.
+"""`make test-examples`: naive agents against a real nats-server and a real
+loopguard, shown to be cut off when they loop: the Python agent of this
+directory, or, with `--typescript`, the TypeScript one of
+../typescript (run with tsx, as its README says).
 
 Two naive agents answer each other forever. The test starts them, lets a
 human start the conversation, and checks that loopguard rejects the message
@@ -10,6 +12,7 @@ every other message was delivered.
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,30 +44,76 @@ async def start_nats(tmp):
 
 
 async def main():
+    typescript = "--typescript" in sys.argv[1:]
     with tempfile.TemporaryDirectory() as tmp:
         nats_proc, url = await start_nats(tmp)
         env = dict(os.environ, LOOPGUARD__NATS__URL=url, LOOPGUARD__HTTP__LISTEN="127.0.0.1:0",
                    LOOPGUARD__RULES__DEPTH__MAX="6")
         guard = subprocess.Popen([LOOPGUARD], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            await asyncio.wait_for(scenario(url), TIMEOUT)
+            await asyncio.wait_for(scenario(url, typescript), TIMEOUT)
         finally:
             guard.terminate()
             guard.wait(TIMEOUT)
             nats_proc.terminate()
             nats_proc.wait(TIMEOUT)
         assert guard.returncode == 0, f"loopguard exited {guard.returncode} on SIGTERM"
-    print("python example: the looping agents were cut off by loopguard")
+    language = "TypeScript" if typescript else "Python"
+    print(f"{language} example: the looping agents were cut off by loopguard")
 
 
-async def scenario(url):
+async def python_agents(url):
+    """The two agents in this process; a function that stops them."""
+    agents = [Agent(await nats.connect(url), "pyloop", name, peer) for name, peer in (("alice", "bob"), ("bob", "alice"))]
+    for agent in agents:
+        await agent.start()
+
+    async def stop():
+        for agent in agents:
+            await agent.nc.close()
+    return stop
+
+
+async def typescript_agents(url):
+    """The two agents as tsx processes, each subscribed and joined once it
+    prints its first line; a function that stops them."""
+    here = os.path.join(ROOT, "examples", "typescript")
+    procs = []
+
+    async def stop():
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGTERM)
+            await proc.wait()
+
+    for name, peer in (("alice", "bob"), ("bob", "alice")):
+        # In a session of its own: tsx runs the agent in a child node
+        # process, and stopping the session stops both.
+        proc = await asyncio.create_subprocess_exec(
+            os.path.join(here, "node_modules", ".bin", "tsx"), "agent.ts",
+            "--url", url, "--world", "pyloop", "--name", name, "--peer", peer,
+            cwd=here, stdout=asyncio.subprocess.PIPE, start_new_session=True)
+        procs.append(proc)
+        line = await proc.stdout.readline()
+        if b"listening" not in line:
+            await stop()
+            raise AssertionError(f"{name}: {line!r}")
+    return stop
+
+
+async def scenario(url, typescript):
     nc = await nats.connect(url)
     events = asyncio.Queue()
+    delivered = [0]  # copies that reached an agent's inbox
 
-    async def on_event(msg):
-        events.put_nowait(json.loads(msg.data))
+    # One subscription, so events and inbox copies are seen in the order
+    # loopguard published them.
+    async def on_message(msg):
+        if msg.subject == "chat.events.pyloop":
+            events.put_nowait(json.loads(msg.data))
+        elif msg.subject.startswith("chat.private.pyloop."):
+            delivered[0] += 1
 
-    await nc.subscribe("chat.events.pyloop", cb=on_event)
+    await nc.subscribe("chat.>", cb=on_message)
     await nc.flush()
 
     # loopguard is up once a barrier comes back through it. loopguard reads
@@ -91,27 +140,27 @@ async def scenario(url):
             pass
     seen.clear()
 
-    alice = Agent(await nats.connect(url), "pyloop", "alice", "bob")
-    bob = Agent(await nats.connect(url), "pyloop", "bob", "alice")
-    await alice.start()
-    await bob.start()
-    await barrier("joined")
-    seen.clear()
+    stop = await (typescript_agents(url) if typescript else python_agents(url))
+    try:
+        await barrier("joined")
+        seen.clear()
 
-    await nc.publish("chat.raw.pyloop.human.hank", json.dumps({"content": "@alice what do you think? ask bob"}).encode())
-    while not any(e["decision"] == "rejected" for e in seen):
-        seen.append(await events.get())
-    cut = next(e for e in seen if e["decision"] == "rejected")
-    assert cut["rule"] == "depth", cut
-    assert cut["depth"] == 7, cut
+        await nc.publish("chat.raw.pyloop.human.hank", json.dumps({"content": "@alice what do you think? ask bob"}).encode())
+        while not any(e["decision"] == "rejected" for e in seen):
+            seen.append(await events.get())
+        cut = next(e for e in seen if e["decision"] == "rejected")
+        assert cut["rule"] == "depth", cut
+        assert cut["depth"] == 7, cut
 
-    before = alice.received + bob.received
-    await barrier("after")
-    assert alice.received + bob.received == before, "an agent received a message after the cut"
-    approved_agent_messages = [e for e in seen if e["decision"] == "approved" and e["sender_kind"] == "agent"]
-    assert len(approved_agent_messages) == 6, seen
-    # hank's message reached alice, then each approved reply reached the peer
-    assert alice.received + bob.received == 1 + 6, (alice.received, bob.received)
+        before = delivered[0]
+        await barrier("after")
+        assert delivered[0] == before, "an agent received a message after the cut"
+        approved_agent_messages = [e for e in seen if e["decision"] == "approved" and e["sender_kind"] == "agent"]
+        assert len(approved_agent_messages) == 6, seen
+        # hank's message reached alice, then each approved reply reached the peer
+        assert delivered[0] == 1 + 6, delivered[0]
+    finally:
+        await stop()
     await nc.close()
 
 

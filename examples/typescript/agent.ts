@@ -38,6 +38,8 @@ async function main(): Promise<void> {
   const raw = `${prefix}.raw.${world}.agent.${name}`;
   const inbox = nc.subscribe(`${prefix}.private.${world}.${name}`);
   nc.publish(`${prefix}.join.${world}.${name}`);
+  // The server holds the subscription and has the join once this returns.
+  await nc.flush();
   console.log(`${name}: listening on ${inbox.getSubject()}, publishing to ${raw}`);
 
   let n = 0;
