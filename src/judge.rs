@@ -286,33 +286,21 @@ impl Judge {
     /// reload is compared with what runs, not with the last file read.
     pub fn reload(&self, mut new: Settings) -> Vec<&'static str> {
         let old = self.settings();
-        let (a, b) = (&old.config, &new.config);
+        let (running, read) = (&old.config, &mut new.config);
         fn differ<T: Serialize>(a: &T, b: &T) -> bool {
             serde_json::to_value(a).ok() != serde_json::to_value(b).ok()
         }
         let mut restart = Vec::new();
-        for (name, changed) in [
-            ("nats", differ(&a.nats, &b.nats)),
-            ("http", differ(&a.http, &b.http)),
-            ("state", differ(&a.state, &b.state)),
-            ("shutdown", differ(&a.shutdown, &b.shutdown)),
-            ("log", differ(&a.log, &b.log)),
-            ("runtime", differ(&a.runtime, &b.runtime)),
-            ("reload", differ(&a.reload, &b.reload)),
-        ] {
-            if changed {
-                restart.push(name);
-            }
+        // Each restart-only section: named if it differs, then kept as runs.
+        macro_rules! restart_only {
+            ($($section:ident),*) => {$(
+                if differ(&running.$section, &read.$section) {
+                    restart.push(stringify!($section));
+                    read.$section = running.$section.clone();
+                }
+            )*};
         }
-        let running = &old.config;
-        let b = &mut new.config;
-        b.nats = running.nats.clone();
-        b.http = running.http.clone();
-        b.state = running.state.clone();
-        b.shutdown = running.shutdown.clone();
-        b.log = running.log.clone();
-        b.runtime = running.runtime.clone();
-        b.reload = running.reload.clone();
+        restart_only!(nats, http, state, shutdown, log, runtime, reload);
         *self.settings.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(new);
         restart
     }

@@ -91,29 +91,19 @@ impl NatsServer {
 
     /// Like [`NatsServer::start`], with extra server flags (e.g. auth).
     pub fn start_with(extra: &[&str]) -> NatsServer {
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let (child, port, dir) = NatsServer::spawn("-1", &extra);
-        let server = NatsServer {
-            child,
-            port,
-            _dir: dir,
-            extra,
-            store: None,
-        };
-        server.wait_accepting();
-        server
+        NatsServer::launch("-1", extra.iter().map(|s| s.to_string()).collect())
     }
 
-    /// Spawns nats-server on `port` (`-1`: one it picks) and reads the port
+    /// Starts nats-server on `port` (`-1`: one it picks) and reads the port
     /// it listens on back from its ports file. A server that cannot have
     /// the port (another process took it) fails here, saying so, rather
     /// than leaving a test talking to whatever holds the port.
-    fn spawn(port: &str, extra: &[String]) -> (Child, u16, tempfile::TempDir) {
+    fn launch(port: &str, extra: Vec<String>) -> NatsServer {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut child = Command::new(nats_server_bin())
             .args(["-a", "127.0.0.1", "-p", port, "--ports_file_dir"])
             .arg(dir.path())
-            .args(extra)
+            .args(&extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -142,7 +132,15 @@ impl NatsServer {
         if port != "-1" {
             assert_eq!(listening.to_string(), port, "nats-server on another port");
         }
-        (child, listening, dir)
+        let server = NatsServer {
+            child,
+            port: listening,
+            _dir: dir,
+            extra,
+            store: None,
+        };
+        server.wait_accepting();
+        server
     }
 
     /// A server with JetStream on, storing in its own temporary directory.
@@ -158,9 +156,9 @@ impl NatsServer {
     /// flags (and so the same JetStream store).
     pub fn restart(&mut self) {
         self.stop();
-        let (child, _, dir) = NatsServer::spawn(&self.port.to_string(), &self.extra);
-        (self.child, self._dir) = (child, dir);
-        self.wait_accepting();
+        let store = self.store.take();
+        *self = NatsServer::launch(&self.port.to_string(), self.extra.clone());
+        self.store = store;
     }
 
     /// Stops the server as an operator would (SIGTERM: it saves its
@@ -178,16 +176,7 @@ impl NatsServer {
 
     /// Starts a server on a given `port` (to restart one where it was).
     pub fn start_on(port: u16) -> NatsServer {
-        let (child, port, dir) = NatsServer::spawn(&port.to_string(), &[]);
-        let server = NatsServer {
-            child,
-            port,
-            _dir: dir,
-            extra: Vec::new(),
-            store: None,
-        };
-        server.wait_accepting();
-        server
+        NatsServer::launch(&port.to_string(), Vec::new())
     }
 
     fn wait_accepting(&self) {
