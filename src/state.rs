@@ -231,8 +231,8 @@ pub struct WorldState {
     thread_latest: Option<Box<Map<Arc<str>, Arc<str>>>>,
     /// The latest approved message, and so the latest of its thread.
     latest: Option<Arc<str>>,
-    /// (approved at, hash of normalised content), oldest first.
-    contents: VecDeque<(Instant, u64)>,
+    /// The duplicate window.
+    contents: Contents,
     /// (approved at, speaker key) of recent messages, for the conversation
     /// state: a key, not a name, so an entry holds no allocation.
     activity: VecDeque<(Instant, u64)>,
@@ -299,7 +299,7 @@ impl WorldState {
             message_order: VecDeque::new(),
             thread_latest: None,
             latest: None,
-            contents: VecDeque::new(),
+            contents: Contents::default(),
             activity: VecDeque::new(),
             concluded: false,
             extras: None,
@@ -560,31 +560,12 @@ impl WorldState {
             self.latest = Some(id);
         }
 
-        // Every window of times is oldest first (`count_since` and
-        // `seen_content` rely on it).
-        debug_assert!(
-            self.contents
-                .back()
-                .is_none_or(|(at, _)| *at <= approved.now),
-            "a world's decisions come in time order"
-        );
         // Contents older than the duplicate window can never match again:
         // dropping them as new ones come keeps a busy world's window to what
         // its traffic put there lately, not its last MAX_DUPLICATE_WINDOW.
         let window = Duration::from_secs(self.settings.rules.duplicate.window_seconds);
-        let since = Since::new(approved.now, window);
-        while self
-            .contents
-            .front()
-            .is_some_and(|(at, _)| !since.holds(*at))
-        {
-            self.contents.pop_front();
-        }
-        push_window(
-            &mut self.contents,
-            (approved.now, approved.content_hash),
-            MAX_DUPLICATE_WINDOW,
-        );
+        self.contents
+            .push(approved.now, approved.content_hash, window);
 
         if let Some((agent, keep)) = approved.agent {
             if let Some(a) = self.agents.get_mut(agent.as_str()) {
@@ -660,14 +641,7 @@ impl WorldState {
     /// True when an approved message with this normalised-content hash is
     /// younger than `window`.
     pub fn seen_content(&self, hash: u64, now: Instant, window: Duration) -> bool {
-        // The newest entry with this hash decides: the window is oldest
-        // first, so if that one is too old, so is every other. Searching by
-        // hash alone is one comparison an entry, not two.
-        self.contents
-            .iter()
-            .rev()
-            .find(|(_, h)| *h == hash)
-            .is_some_and(|(at, _)| Since::new(now, window).holds(*at))
+        self.contents.seen(hash, Since::new(now, window))
     }
 
     /// Clears the turn counter (and so the pause).
@@ -742,7 +716,7 @@ impl WorldState {
             + self.remembered_bytes as usize
             + deque_bytes(&self.message_order)
             + threads
-            + deque_bytes(&self.contents)
+            + self.contents.bytes()
             + deque_bytes(&self.activity)
             + extras
     }
@@ -796,6 +770,63 @@ impl Since {
     /// Whether `at` is in the window (younger than its length).
     fn holds(self, at: Instant) -> bool {
         self.0.is_none_or(|start| at > start)
+    }
+}
+
+/// A world's duplicate window: the times and hashes of approved contents,
+/// oldest first, in two queues so that a lookup reads the hashes alone. A
+/// busy world's window holds hundreds of them, seldom in the CPU's caches:
+/// 8 bytes an entry to scan, where (time, hash) pairs made it 24.
+#[derive(Debug, Default)]
+struct Contents {
+    times: VecDeque<Instant>,
+    hashes: VecDeque<u64>,
+}
+
+impl Contents {
+    /// Appends a content approved at `at`, first dropping those older than
+    /// `window` then (they can never match again), and the oldest beyond
+    /// [`MAX_DUPLICATE_WINDOW`].
+    fn push(&mut self, at: Instant, hash: u64, window: Duration) {
+        // Every window of times is oldest first (`seen` and `count_since`
+        // rely on it).
+        debug_assert!(
+            self.times.back().is_none_or(|last| *last <= at),
+            "a world's decisions come in time order"
+        );
+        let since = Since::new(at, window);
+        while self.times.front().is_some_and(|t| !since.holds(*t)) {
+            self.times.pop_front();
+            self.hashes.pop_front();
+        }
+        if push_window(&mut self.times, at, MAX_DUPLICATE_WINDOW).is_some() {
+            self.hashes.pop_front();
+        }
+        push_window(&mut self.hashes, hash, MAX_DUPLICATE_WINDOW);
+    }
+
+    /// Whether a content with this hash was approved within the window.
+    fn seen(&self, hash: u64, since: Since) -> bool {
+        // The newest entry with this hash decides: if that one is too old,
+        // so is every other.
+        self.hashes
+            .iter()
+            .rposition(|h| *h == hash)
+            .is_some_and(|i| since.holds(self.times[i]))
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.hashes.len()
+    }
+
+    fn clear(&mut self) {
+        self.times.clear();
+        self.hashes.clear();
+    }
+
+    fn bytes(&self) -> usize {
+        deque_bytes(&self.times) + deque_bytes(&self.hashes)
     }
 }
 
