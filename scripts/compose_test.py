@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import tempfile
 
 import yaml
@@ -109,6 +110,15 @@ def main():
     ok("Grafana provisions the Prometheus datasource and the loopguard dashboard")
     if services["demo"]["environment"]["NATS_URL"] != "nats://nats:4222":
         fail("the demo agents do not talk to the nats service")
+    # The demo waits for loopguard's /readyz at LOOPGUARD__HTTP__LISTEN
+    # (its own default, 127.0.0.1, is the demo's container): the loopguard
+    # service, on the port its config listens on.
+    with open(os.path.join(ROOT, "config", "loopguard.toml"), "rb") as f:
+        listen = tomllib.load(f)["http"]["listen"]
+    port = listen.rsplit(":", 1)[1]
+    if services["demo"]["environment"].get("LOOPGUARD__HTTP__LISTEN") != f"loopguard:{port}":
+        fail(f"the demo does not wait for the loopguard service's /readyz (loopguard:{port})")
+    ok("the demo agents talk to the nats service and wait for the loopguard service")
     print("compose tests: all passed")
 
 
