@@ -195,13 +195,15 @@ def main():
                 "config.worlds.lobby.rules.rate.max=3,config.worlds.lobby.rules.rate.window_seconds=0",
                 "auth.natsUser=lg", "auth.natsPassword=pw", "auth.natsUser=lg,auth.natsPassword=pw,auth.natsToken=t",
                 "auth.natsToken=t,auth.credentialsSecret=creds", "auth.natsNkeySeed=SUAB,auth.natsToken=t",
-                "auth.natsNkeySeed=SUAB,auth.credentialsSecret=creds", "auth.natsNkeySeed=UAB"]:
+                "auth.natsNkeySeed=SUAB,auth.credentialsSecret=creds", "auth.natsNkeySeed=UAB",
+                "serviceMonitor.interval=30", "serviceMonitor.interval=", "serviceMonitor.interval=1m30"]:
         p = helm("template", "lg", CHART, "--set", bad, expect_ok=False)
         if p.returncode == 0:
             fail(f"the schema accepted --set {bad}")
     for good in ["config.rules.rate.max=0,config.rules.rate.window_seconds=0", "auth.natsUser=lg,auth.natsPassword=pw",
                  "auth.natsToken=t", "auth.natsNkeySeed=SUAB", "auth.existingSecret=mine,auth.natsUser=ignored",
-                 "auth.adminToken=two words"]:
+                 "auth.adminToken=two words", "serviceMonitor.interval=1m30s", "serviceMonitor.interval=1d",
+                 "serviceMonitor.interval=500ms", "global.imageRegistry=registry.example", "enabled=true"]:
         p = helm("template", "lg", CHART, "--set", good, expect_ok=False)
         if p.returncode != 0:
             fail(f"the schema refused --set {good}: {p.stderr}")
@@ -275,7 +277,27 @@ def main():
     secret = by_kind(seeded, "Secret")
     if ref["key"] != "nkey-seed" or ref["name"] != secret["metadata"]["name"] or secret["data"].get("nkey-seed") != "U1VBQg==":
         fail(f"the nkey seed does not reach LOOPGUARD__NATS__NKEY_SEED: {ref} {secret['data']}")
-    ok("Deployment: labels, probes, restricted securityContext, grace period, resources, Recreate, config and secret checksums, secrets via env; notes hide URL passwords")
+    # Inline secrets beside auth.existingSecret are ignored: the notes say so.
+    both = helm("install", "lg", CHART, "--dry-run", "--set", "auth.existingSecret=mine,auth.adminToken=t").stdout
+    alone = helm("install", "lg", CHART, "--dry-run", "--set", "auth.existingSecret=mine").stdout
+    if "are\nignored" not in both.split("NOTES:")[-1] or "ignored" in alone.split("NOTES:")[-1]:
+        fail("the install notes do not say (only) when inline auth values beside auth.existingSecret are ignored")
+    ok("Deployment: labels, probes, restricted securityContext, grace period, resources, Recreate, config and secret checksums, secrets via env; notes hide URL passwords and name ignored inline secrets")
+
+    # 7. as a dependency of another chart (Helm then gives it `global`), switched by a condition
+    with tempfile.TemporaryDirectory() as parent:
+        os.makedirs(os.path.join(parent, "charts"))
+        shutil.copytree(CHART, os.path.join(parent, "charts", "loopguard"), symlinks=False)
+        with open(os.path.join(parent, "Chart.yaml"), "w") as f:
+            f.write("apiVersion: v2\nname: platform\nversion: 1.0.0\ndependencies:\n"
+                    "  - name: loopguard\n    version: \">=0.0.0\"\n    condition: loopguard.enabled\n")
+        with open(os.path.join(parent, "values.yaml"), "w") as f:
+            f.write("global:\n  imageRegistry: registry.example\nloopguard:\n  enabled: true\n")
+        on = docs(helm("template", "p", parent).stdout)
+        off = docs(helm("template", "p", parent, "--set", "loopguard.enabled=false").stdout)
+        if not any(m["kind"] == "Deployment" for m in on) or off:
+            fail("as a dependency, the chart does not render when enabled, or renders when disabled")
+    ok("as a dependency of another chart: global values accepted, loopguard.enabled switches it")
     print("chart tests: all passed")
 
 

@@ -46,8 +46,11 @@ async function main(): Promise<void> {
   for await (const m of inbox) {
     const message = json.decode(m.data) as Message;
     n += 1;
+    // The first 60 characters, not UTF-16 units: a cut through an emoji's
+    // surrogate pair would send invalid JSON (loopguard takes that as text).
+    const quoted = Array.from(message.content).slice(0, 60).join("");
     nc.publish(raw, json.encode({
-      content: `@${peer} ${name} replies (#${n}) to: ${message.content.slice(0, 60)}`,
+      content: `@${peer} ${name} replies (#${n}) to: ${quoted}`,
       parent_id: message.id,
     }));
   }
