@@ -158,6 +158,7 @@ fn commit(w: &mut WorldState, e: Effects) {
         content_hash: e.content_hash,
         now: e.now,
         agent: e.agent.as_ref().map(|(a, keep)| (a, *keep)),
+        takes_turn: e.takes_turn,
     });
     w.forget_activity_older_than(e.now, e.activity_keep);
     w.observe_conversation(e.human, &e.sender, e.concludes, &e.mentioned, e.now);
@@ -1250,6 +1251,29 @@ mod tests {
         );
         rig.advance(60);
         assert_eq!(rig.send("agent", "bob", "later").outcome, Outcome::Approved);
+    }
+
+    /// A pass hands the floor back (contract §9: `alternation` counts since
+    /// the last pass) and is edited, not approved (`budget` counts
+    /// approvals): it joins neither.
+    #[test]
+    fn a_pass_joins_neither_the_speaking_order_nor_the_budget() {
+        let rig = Rig::new(|c| {
+            c.rules.alternation.max_cycles = 1;
+            c.rules.budget.max = 2;
+            c.rules.turns.max = 0;
+        });
+        assert_eq!(
+            rig.send("agent", "a", "<world>pass</world>").outcome,
+            Outcome::Edited
+        );
+        // Counted, the pass would make a, b, a one cycle and a half: the
+        // second "a" would continue the cycle a-b.
+        assert_eq!(rig.send("agent", "b", "one").outcome, Outcome::Approved);
+        assert_eq!(rig.send("agent", "a", "two").outcome, Outcome::Approved);
+        // Two approvals: the budget is spent now, and only now (a third
+        // agent, so no cycle is continued).
+        assert_eq!(rig.send("agent", "c", "three").rule, Some(RuleName::Budget));
     }
 
     #[test]

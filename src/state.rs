@@ -575,11 +575,11 @@ impl WorldState {
                     a.approvals.pop_front();
                 }
             }
-            if self.settings.rules.alternation.max_cycles > 0 {
+            if approved.takes_turn && self.settings.rules.alternation.max_cycles > 0 {
                 push_window(&mut self.extras_mut().speakers, agent.clone(), MAX_SPEAKERS);
             }
             let budget = self.settings.rules.budget.max as usize;
-            if budget > 0 {
+            if approved.takes_turn && budget > 0 {
                 let approvals = &mut self.extras_mut().agent_approvals;
                 push_window(approvals, approved.now, MAX_BUDGET_WINDOW);
                 while approvals.len() > budget.min(MAX_BUDGET_WINDOW) {
@@ -1123,6 +1123,10 @@ pub struct Approved<'a> {
     pub now: Instant,
     /// The sending agent and how many approval times to keep for it.
     pub agent: Option<(&'a Name, usize)>,
+    /// An agent's message that takes a turn: it joins the speaking order
+    /// (`alternation`) and the `budget`. A pass takes none: it hands the
+    /// floor back, as a human message does, and is edited, not approved.
+    pub takes_turn: bool,
 }
 
 /// One world in the cache: its state, and the weight the cache last took
@@ -1387,6 +1391,7 @@ mod tests {
             content_hash: 0,
             now,
             agent: None,
+            takes_turn: true,
         });
     }
 
@@ -1590,6 +1595,7 @@ mod tests {
                 content_hash: 0,
                 now: t0,
                 agent: Some((&agent, 10)),
+                takes_turn: true,
             });
         };
         speak(&mut w, "a", "1");
@@ -1620,6 +1626,7 @@ mod tests {
                 content_hash: i,
                 now,
                 agent: None,
+                takes_turn: true,
             });
         }
         let now = t0 + Duration::from_secs(599);
@@ -1979,6 +1986,7 @@ mod tests {
             content_hash: 7,
             now: t0,
             agent: None,
+            takes_turn: true,
         });
         let win = Duration::from_secs(10);
         assert!(w.seen_content(7, t0 + Duration::from_secs(9), win));
@@ -1998,6 +2006,7 @@ mod tests {
                 content_hash: hash,
                 now: t0 + Duration::from_secs(secs),
                 agent: None,
+                takes_turn: true,
             });
         }
         let at = |secs| t0 + Duration::from_secs(secs);

@@ -254,6 +254,7 @@ pub(crate) mod testing {
                 content_hash,
                 now,
                 agent: Some((&agent, keep)),
+                takes_turn: true,
             });
             self.world.turns += 1;
         }
