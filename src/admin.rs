@@ -262,17 +262,28 @@ fn world_view(admin: &Admin, raw: &str) -> Reply {
         Ok(w) => w,
         Err(e) => return bad_world(e),
     };
-    let Some(handle) = admin.judge.worlds().get(&world) else {
-        return json_error(
-            StatusCode::NOT_FOUND,
-            format!("no state held for world {world}"),
-        );
-    };
     let now = admin.clock.now();
     let (window, hot) = conversation_limits(admin);
-    let view = {
-        let w = state::lock(&handle);
-        w.view(&world, now, w.conversation(now, window, hot))
+    let view = match admin.judge.worlds().get(&world) {
+        Some(handle) => {
+            let w = state::lock(&handle);
+            w.view(&world, now, w.conversation(now, window, hot))
+        }
+        None => {
+            // A world the config lists has its agents before its first
+            // message (or again after eviction): shown as it would start,
+            // without creating its state.
+            let settings = admin.judge.settings();
+            let Some(listed) = settings.worlds.get(&world) else {
+                return json_error(
+                    StatusCode::NOT_FOUND,
+                    format!("no state held for world {world}, and the config does not list it"),
+                );
+            };
+            let idle = Duration::from_secs(settings.config.state.idle_seconds);
+            let w = state::WorldState::new(listed.clone(), idle, now);
+            w.view(&world, now, w.conversation(now, window, hot))
+        }
     };
     // Written after the world's lock is released: its decisions wait for
     // the view, not for the JSON.

@@ -289,7 +289,7 @@ async fn admin_api_is_forbidden_without_a_configured_token() {
 #[tokio::test]
 async fn world_view_and_reset_with_their_status_codes() {
     let mut h = Harness::start(&format!(
-        "[http]\nadmin_token = \"{TOKEN}\"\n[rules.turns]\nmax = 1\n[worlds.w]\nagents = [\"alice\"]\n"
+        "[http]\nadmin_token = \"{TOKEN}\"\n[rules.turns]\nmax = 1\n[worlds.w]\nagents = [\"alice\"]\n[worlds.quiet]\nagents = [\"carol\"]\n"
     ))
     .await;
     let addr = h.loopguard.http_addr().await;
@@ -312,6 +312,25 @@ async fn world_view_and_reset_with_their_status_codes() {
     );
 
     assert_eq!(http(&addr, "GET", "/v1/worlds/unknown", &[]).await.0, 404);
+    // A world the config lists answers before its first message, as it
+    // would start: its listed agents, nothing counted.
+    let (status, body) = http(&addr, "GET", "/v1/worlds/quiet", &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (
+            &view["world"],
+            &view["turns"],
+            &view["paused"],
+            &view["roster"]
+        ),
+        (&json!("quiet"), &json!(0), &json!(false), &json!(["carol"]))
+    );
+    assert_eq!(view["agents"]["carol"]["pinned"], true);
+    assert_eq!(
+        view["agents"]["carol"]["last_approved_seconds_ago"],
+        json!(null)
+    );
     assert_eq!(http(&addr, "GET", "/v1/worlds/b%C3%B8d", &[]).await.0, 400);
 
     let path = "/v1/worlds/w/reset";
