@@ -342,6 +342,23 @@ fn apply_reload(reload: &Reload, judge: &Judge, metrics: &Metrics, trigger: &'st
     }
 }
 
+/// [`apply_reload`] on the blocking pool: it reads files and builds the
+/// rules' matchers, which must not hold a runtime thread (with
+/// `runtime.threads = 1`, every decision would wait for a slow disk).
+async fn reload_in_background(
+    reload: &Arc<Reload>,
+    judge: &Arc<Judge>,
+    metrics: &Metrics,
+    trigger: &'static str,
+) {
+    let (reload, judge, metrics) = (reload.clone(), judge.clone(), metrics.clone());
+    let applied =
+        tokio::task::spawn_blocking(move || apply_reload(&reload, &judge, &metrics, trigger));
+    if let Err(e) = applied.await {
+        tracing::error!(trigger, error = %e, "configuration reload failed; the running configuration stays");
+    }
+}
+
 /// Reloads when the file's modification time or size changes, once the
 /// change has stood for a whole check: a file written in place (truncated,
 /// then filled) is not read half-written, when an empty or cut file may
@@ -353,24 +370,25 @@ async fn reload_on_change(
     judge: Arc<Judge>,
     metrics: Metrics,
 ) {
-    let stamp = |p: &std::path::Path| {
-        std::fs::metadata(p)
+    let stamp = async |p: &std::path::Path| {
+        tokio::fs::metadata(p)
+            .await
             .ok()
             .map(|m| (m.modified().ok(), m.len()))
     };
-    let mut applied = stamp(&path);
+    let mut applied = stamp(&path).await;
     let (mut seen, mut changing) = (applied, 0);
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let now = stamp(&path);
+        let now = stamp(&path).await;
         changing = if now == seen { 0 } else { changing + 1 };
         seen = now;
         // A file rewritten at every check is read at the third.
         if now != applied && (changing == 0 || changing >= 3) {
             (applied, changing) = (now, 0);
-            apply_reload(&reload, &judge, &metrics, "file change");
+            reload_in_background(&reload, &judge, &metrics, "file change").await;
         }
     }
 }
@@ -390,7 +408,7 @@ fn reload_on_sighup(reload: Arc<Reload>, judge: Arc<Judge>, metrics: Metrics) {
         };
         tokio::spawn(async move {
             while hup.recv().await.is_some() {
-                apply_reload(&reload, &judge, &metrics, "SIGHUP");
+                reload_in_background(&reload, &judge, &metrics, "SIGHUP").await;
             }
         });
     }
