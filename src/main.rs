@@ -80,15 +80,25 @@ fn main() -> ExitCode {
         path: args.config.clone(),
     };
     // Listening first: a signal during start-up is handled, not fatal.
-    let signals = {
+    let mut signals = {
         let _runtime = runtime.enter();
         loopguard::shutdown::Signals::listen()
     };
     let result = runtime.block_on(loopguard::app::run(
         settings,
-        async {
+        async move {
             let signal = signals.recv().await;
             tracing::info!(signal, "shutdown: signal received");
+            // A second signal ends the drain at once: for whoever will not
+            // wait out a long grace period (Ctrl-C twice).
+            tokio::spawn(async move {
+                let signal = signals.recv().await;
+                tracing::warn!(
+                    signal,
+                    "shutdown: second signal, exiting now with work left"
+                );
+                std::process::exit(1);
+            });
         },
         Some(reload),
     ));

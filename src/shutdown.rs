@@ -33,21 +33,22 @@ impl Signals {
         Signals {}
     }
 
-    /// Resolves when the process is asked to stop; returns the signal's name.
-    pub async fn recv(self) -> &'static str {
+    /// Resolves when the process is asked to stop (again, when called
+    /// again); returns the signal's name.
+    pub async fn recv(&mut self) -> &'static str {
         #[cfg(unix)]
         {
-            async fn next(listener: Option<tokio::signal::unix::Signal>) {
+            async fn next(listener: &mut Option<tokio::signal::unix::Signal>) {
                 match listener {
-                    Some(mut listener) => {
+                    Some(listener) => {
                         listener.recv().await;
                     }
                     None => std::future::pending().await,
                 }
             }
             tokio::select! {
-                _ = next(self.term) => "SIGTERM",
-                _ = next(self.int) => "SIGINT",
+                _ = next(&mut self.term) => "SIGTERM",
+                _ = next(&mut self.int) => "SIGINT",
             }
         }
         #[cfg(not(unix))]

@@ -313,6 +313,25 @@ async fn the_grace_period_bounds_a_drain_that_cannot_finish() {
     );
 }
 
+/// A second signal during the drain ends it at once, exit 1: the grace
+/// period (5 minutes here) is not waited out.
+#[tokio::test]
+async fn a_second_signal_ends_the_drain_at_once() {
+    let mut h = Harness::start("[shutdown]\ngrace_seconds = 300\n").await;
+    // Without a server the subscriptions can never be drained.
+    h.nats.stop();
+    h.loopguard.signal("TERM");
+    h.loopguard
+        .until_logged("shutdown: signal received", 1)
+        .await;
+    h.loopguard.signal("INT");
+    let status = h.loopguard.exited().await;
+    let logs = h.loopguard.logs();
+    assert_eq!(status.code(), Some(1), "{logs}");
+    assert!(logs.contains("shutdown: second signal"), "{logs}");
+    assert!(!logs.contains("shutdown: complete"), "{logs}");
+}
+
 /// SIGTERM before NATS was ever reached: loopguard still stops (within its
 /// grace period, as it cannot drain subscriptions no server holds) and
 /// exits 0, rather than waiting for a server that may never come.
