@@ -353,8 +353,13 @@ impl NatsConfig {
         Ok(())
     }
 
-    /// Checks the TLS files: each exists, and cert and key come together.
+    /// Checks the TLS files: each exists and holds what it is for (PEM
+    /// certificates, a PEM private key), and cert and key come together.
+    /// The client reads them only when it connects, and retries a file it
+    /// cannot use for ever, unready: found here, it is exit 2 naming the key.
+    /// (Whether the key is the certificate's is for the server to find.)
     fn validate_tls(&self) -> Result<(), ConfigError> {
+        use async_nats::rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
         let t = &self.tls;
         for (key, path) in [
             ("nats.tls.ca_file", &t.ca_file),
@@ -363,6 +368,36 @@ impl NatsConfig {
         ] {
             if !path.is_empty() && !Path::new(path).is_file() {
                 return Err(invalid(key, format!("{path:?} is not a readable file")));
+            }
+        }
+        for (key, path) in [
+            ("nats.tls.ca_file", &t.ca_file),
+            ("nats.tls.cert_file", &t.cert_file),
+        ] {
+            if path.is_empty() {
+                continue;
+            }
+            let certs = CertificateDer::pem_file_iter(path)
+                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>());
+            match certs {
+                Ok(certs) if !certs.is_empty() => {}
+                Ok(_) => {
+                    return Err(invalid(key, format!("{path:?} holds no PEM certificate")));
+                }
+                Err(e) => {
+                    return Err(invalid(
+                        key,
+                        format!("{path:?} is not a PEM certificate file ({e})"),
+                    ));
+                }
+            }
+        }
+        if !t.key_file.is_empty() {
+            if let Err(e) = PrivateKeyDer::from_pem_file(&t.key_file) {
+                return Err(invalid(
+                    "nats.tls.key_file",
+                    format!("{:?} holds no PEM private key ({e})", t.key_file),
+                ));
             }
         }
         if t.cert_file.is_empty() != t.key_file.is_empty() {
@@ -1604,6 +1639,39 @@ mod tests {
             assert!(e.contains("is not a credentials file"), "{e}");
         }
         assert!(error_of("[nats.tls]\nca_file = \"/nope.pem\"\n", &[]).contains("nats.tls.ca_file"));
+        // TLS files are read as the client will: PEM certificates, a PEM key.
+        let (ca, cert, tls_key) = (
+            dir.path().join("ca.crt"),
+            dir.path().join("tls.crt"),
+            dir.path().join("tls.key"),
+        );
+        let pem = |label: &str| {
+            format!(
+                "-----BEGIN {label}-----\nMIIBszCCAVmgAwIBAgIUZ2F0ZQ==\n-----END {label}-----\n"
+            )
+        };
+        std::fs::write(&ca, pem("CERTIFICATE")).unwrap();
+        std::fs::write(&cert, pem("CERTIFICATE")).unwrap();
+        std::fs::write(&tls_key, pem("PRIVATE KEY")).unwrap();
+        let tls_toml =
+            format!("[nats.tls]\nca_file = {ca:?}\ncert_file = {cert:?}\nkey_file = {tls_key:?}\n");
+        assert!(
+            load_toml(&tls_toml, &[]).is_ok(),
+            "{:?}",
+            load_toml(&tls_toml, &[]).err()
+        );
+        for (file, bad, key) in [
+            (&ca, "not a certificate\n".to_string(), "nats.tls.ca_file"),
+            (&ca, pem("PRIVATE KEY"), "nats.tls.ca_file"),
+            (&cert, String::new(), "nats.tls.cert_file"),
+            (&tls_key, pem("CERTIFICATE"), "nats.tls.key_file"),
+        ] {
+            let good = std::fs::read(file).unwrap();
+            std::fs::write(file, &bad).unwrap();
+            let e = error_of(&tls_toml, &[]);
+            assert!(e.contains(key), "{bad:?} in {key}: {e}");
+            std::fs::write(file, good).unwrap();
+        }
         let e = error_of("", &[("LOOPGUARD__NATS__TLS__REQUIRED", "maybe")]);
         assert!(
             e.contains("nats.tls.required") || e.contains("required"),
