@@ -43,6 +43,9 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Readiness {
     subscribed: AtomicBool,
     draining: AtomicBool,
+    /// The server refused one of loopguard's subscriptions (permissions):
+    /// nothing comes in on it until a restart.
+    refused: AtomicBool,
     client: OnceLock<async_nats::Client>,
 }
 
@@ -60,14 +63,29 @@ impl Readiness {
         self.subscribed.store(false, Ordering::SeqCst);
     }
 
+    /// Called when the server refuses a subscription.
+    pub fn refused(&self) {
+        self.refused.store(true, Ordering::SeqCst);
+    }
+
     /// Called when shutdown starts: load balancers should stop sending.
     pub fn draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
     }
 
+    /// Whether the client is connected now, once it is known (subscribed
+    /// once). The client's events say so too, but it drops events when
+    /// their queue is full (a burst of slow-consumer reports): a scrape
+    /// reads the state itself.
+    pub fn connected(&self) -> Option<bool> {
+        let client = self.client.get()?;
+        Some(client.connection_state() == async_nats::connection::State::Connected)
+    }
+
     pub fn is_ready(&self) -> bool {
         self.subscribed.load(Ordering::SeqCst)
             && !self.draining.load(Ordering::SeqCst)
+            && !self.refused.load(Ordering::SeqCst)
             && self
                 .client
                 .get()
@@ -184,6 +202,9 @@ pub fn handle(admin: &Admin, req: Request<Incoming>) -> Reply {
                 .state_bytes
                 .set(bytes.try_into().unwrap_or(i64::MAX));
             admin.metrics.set_worlds_by_state(worlds_by_state(admin));
+            if let Some(connected) = admin.readiness.connected() {
+                admin.metrics.nats_connected.set(i64::from(connected));
+            }
             admin
                 .metrics
                 .ready
@@ -203,7 +224,7 @@ pub fn handle(admin: &Admin, req: Request<Incoming>) -> Reply {
             } else {
                 text(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "not ready: not connected to NATS, not subscribed (or the JetStream consumer is lost), or draining\n",
+                    "not ready: not connected to NATS, not subscribed (or the JetStream consumer is lost, or the server refused a subscription: see the log), or draining\n",
                 )
             }
         }

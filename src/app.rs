@@ -114,7 +114,7 @@ pub async fn run(
         }),
     ));
 
-    let client = connect(&settings, &metrics).await?;
+    let client = connect(&settings, &metrics, &readiness).await?;
     // One stop signal, observable by every stage: set-up retries, intake
     // and the grace timer.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -535,10 +535,15 @@ async fn check_max_payload(
 
 /// Connects with unbounded retries, from the first attempt on: a NATS
 /// server that is not up yet must not stop loopguard (contract §6).
-async fn connect(settings: &Settings, metrics: &Metrics) -> Result<async_nats::Client, AppError> {
+async fn connect(
+    settings: &Settings,
+    metrics: &Metrics,
+    readiness: &Arc<Readiness>,
+) -> Result<async_nats::Client, AppError> {
     let config = &settings.config;
     let was_connected = Arc::new(AtomicBool::new(false));
     let m = metrics.clone();
+    let readiness = readiness.clone();
     let options = async_nats::ConnectOptions::new()
         .name("loopguard")
         // Every subject loopguard publishes or sends a request to is built
@@ -554,6 +559,7 @@ async fn connect(settings: &Settings, metrics: &Metrics) -> Result<async_nats::C
         .event_callback(move |event| {
             let m = m.clone();
             let was_connected = was_connected.clone();
+            let readiness = readiness.clone();
             async move {
                 match event {
                     async_nats::Event::Connected => {
@@ -580,6 +586,34 @@ async fn connect(settings: &Settings, metrics: &Metrics) -> Result<async_nats::C
                             DropReason::ServerSlowConsumer,
                             &format_args!("the server dropped messages for subscription {sid}"),
                         ),
+                    // nats-server mostly closes a slow consumer's connection
+                    // instead (a reconnect); async-nats 0.51 builds no
+                    // SlowConsumer server error, so the text is matched.
+                    async_nats::Event::ServerError(async_nats::ServerError::Other(e))
+                        if e.to_ascii_lowercase().contains("slow consumer") =>
+                    {
+                        m.dropped(
+                            DropReason::ServerSlowConsumer,
+                            &format_args!("the server reported a slow consumer: {e}"),
+                        )
+                    }
+                    // The server's permissions: a refused subscription
+                    // takes nothing in until a restart (not ready); a
+                    // refused publish is an output not sent.
+                    async_nats::Event::ServerError(async_nats::ServerError::Other(e))
+                        if e.starts_with("Permissions Violation for Subscription") =>
+                    {
+                        readiness.refused();
+                        tracing::error!(error = %e, "the server refused a subscription: loopguard takes nothing in on it and stays unready; grant it, then restart loopguard");
+                    }
+                    async_nats::Event::ServerError(async_nats::ServerError::Other(e))
+                        if e.starts_with("Permissions Violation for Publish") =>
+                    {
+                        m.dropped(
+                            DropReason::PublishError,
+                            &format_args!("the server refused a publish: {e}"),
+                        )
+                    }
                     async_nats::Event::ClientError(e) => m.client_error(&e),
                     other => tracing::warn!(event = %other, "NATS client event"),
                 }

@@ -349,6 +349,34 @@ async fn sigterm_before_nats_was_ever_reached_stops_loopguard() {
     assert!(logs.contains("shutdown: signal received"), "{logs}");
 }
 
+/// A subscription the server's permissions refuse: loopguard says so and
+/// stays unready (nothing comes in on it), where it said ready before.
+#[tokio::test]
+async fn a_subscription_the_server_refuses_leaves_loopguard_unready() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("nats.conf");
+    std::fs::write(
+        &conf,
+        "authorization { users = [ { user: lg, password: pw, permissions: { subscribe: { deny: [\"chat.raw.>\"] } } } ] }\n",
+    )
+    .unwrap();
+    let nats = NatsServer::start_with(&["-c", conf.to_str().unwrap()]);
+    let lg = Loopguard::spawn_env(
+        &nats.url(),
+        "",
+        &[
+            ("LOOPGUARD__NATS__USER", "lg"),
+            ("LOOPGUARD__NATS__PASSWORD", "pw"),
+        ],
+    );
+    lg.until_logged("the server refused a subscription", 1)
+        .await;
+    let addr = lg.http_addr().await;
+    let (status, body) = support::http(&addr, "GET", "/readyz", &[]).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(lg.logs().contains("chat.raw.>"), "{}", lg.logs());
+}
+
 /// Waits until loopguard's `/readyz` answers 200.
 async fn until_ready(lg: &Loopguard) {
     let addr = lg.http_addr().await;
