@@ -231,6 +231,12 @@ pub struct WorldState {
     thread_latest: Option<Box<Map<Arc<str>, Arc<str>>>>,
     /// The latest approved message, and so the latest of its thread.
     latest: Option<Arc<str>>,
+    /// The latest approved message when its id or thread id is too long to
+    /// remember ([`MAX_REMEMBERED_ID`]): held alone, ahead of `latest`, until
+    /// a message that can be remembered is approved. Replies still find it,
+    /// so a human's message with a long id still starts depth again, and
+    /// agents answering each other with long ids still go deeper.
+    latest_long: Option<Box<(Arc<str>, Remembered)>>,
     /// The duplicate window.
     contents: Contents,
     /// (approved at, speaker key) of recent messages, for the conversation
@@ -299,6 +305,7 @@ impl WorldState {
             message_order: VecDeque::new(),
             thread_latest: None,
             latest: None,
+            latest_long: None,
             contents: Contents::default(),
             activity: VecDeque::new(),
             concluded: false,
@@ -431,17 +438,26 @@ impl WorldState {
                 parent_is_agent: false,
             };
         }
+        // The long-id latest is newer than anything remembered.
+        let long = self.latest_long.as_deref().map(|(id, m)| (id, m));
         let parent = parent_id
-            .and_then(|p| self.messages.get_key_value(p))
-            .or_else(|| {
-                thread_id
-                    .and_then(|t| self.latest_in_thread(t))
-                    .and_then(|id| self.messages.get_key_value(id))
+            .and_then(|p| {
+                long.filter(|(id, _)| &***id == p)
+                    .or_else(|| self.messages.get_key_value(p))
             })
             .or_else(|| {
-                self.latest
-                    .as_ref()
-                    .and_then(|id| self.messages.get_key_value(id))
+                let t = thread_id?;
+                long.filter(|(_, m)| *m.thread_id == *t).or_else(|| {
+                    self.latest_in_thread(t)
+                        .and_then(|id| self.messages.get_key_value(id))
+                })
+            })
+            .or_else(|| {
+                long.or_else(|| {
+                    self.latest
+                        .as_ref()
+                        .and_then(|id| self.messages.get_key_value(id))
+                })
             });
         match parent {
             Some((pid, meta)) => Lineage {
@@ -483,7 +499,17 @@ impl WorldState {
         // not remembered, so no single message can pin kilobytes per world.
         let rememberable = approved.id.len() <= MAX_REMEMBERED_ID
             && approved.lineage.thread_id.len() <= MAX_REMEMBERED_ID;
-        if rememberable {
+        if !rememberable {
+            self.latest_long = Some(Box::new((
+                approved.id.clone(),
+                Remembered {
+                    depth: approved.lineage.depth,
+                    thread_id: approved.lineage.thread_id.clone(),
+                    agent: approved.agent.is_some(),
+                },
+            )));
+        } else {
+            self.latest_long = None;
             let thread = &approved.lineage.thread_id;
             // The message latest until now hands its thread to the index
             // (read before a reused id is re-filed under another thread).
@@ -714,6 +740,10 @@ impl WorldState {
                 size_of::<(Arc<str>, Remembered)>(),
             )
             + self.remembered_bytes as usize
+            + self.latest_long.as_deref().map_or(0, |(id, m)| {
+                size_of::<(Arc<str>, Remembered)>()
+                    + (text_bytes(id) + text_bytes(&m.thread_id)) as usize
+            })
             + deque_bytes(&self.message_order)
             + threads
             + self.contents.bytes()
@@ -1553,6 +1583,45 @@ mod tests {
             (l.depth, l.parent_id.as_deref(), &*l.thread_id),
             (1, Some("h2"), "t2")
         );
+    }
+
+    /// A message whose id is too long to remember is still the world's
+    /// latest: a human's resets depth, and agents answering each other with
+    /// long ids go deeper (found by review: both resolved to an older
+    /// message, so a world at its depth limit stayed stuck, and a long-id
+    /// ping-pong never got deeper).
+    #[test]
+    fn a_message_with_an_id_too_long_to_remember_is_still_the_latest() {
+        let (mut w, t0) = world(&[]);
+        let long = |c: char| c.to_string().repeat(MAX_REMEMBERED_ID + 1);
+        let h = w.lineage("h1", None, None, false);
+        approve(&mut w, "h1", &h, t0);
+        let a = w.lineage("a1", None, None, true);
+        approve(&mut w, "a1", &a, t0);
+        assert_eq!(a.depth, 1);
+        // A human answers with a long id: the next agent reply is depth 1.
+        let human = w.lineage(&long('h'), None, None, false);
+        approve(&mut w, &long('h'), &human, t0);
+        let reply = w.lineage("a2", None, None, true);
+        assert_eq!(
+            (reply.depth, reply.parent_id.as_deref()),
+            (1, Some(&*long('h')))
+        );
+        // Agents with long ids, by parent_id or with none: deeper each time.
+        let b = w.lineage(&long('b'), None, Some(&long('h')), true);
+        assert_eq!(b.depth, 1);
+        approve(&mut w, &long('b'), &b, t0);
+        let c = w.lineage(&long('c'), None, None, true);
+        assert_eq!((c.depth, c.parent_id.as_deref()), (2, Some(&*long('b'))));
+        approve(&mut w, &long('c'), &c, t0);
+        // (The chain's thread is the human's long id: d names its own.)
+        let d = w.lineage("d", Some("t"), Some(&long('c')), true);
+        assert_eq!(d.depth, 3);
+        // One that can be remembered takes the latest's place again.
+        approve(&mut w, "d", &d, t0);
+        assert!(w.latest_long.is_none());
+        let e = w.lineage("e", None, None, true);
+        assert_eq!((e.depth, e.parent_id.as_deref()), (4, Some("d")));
     }
 
     #[test]
