@@ -384,6 +384,20 @@ cat <<'NOTES'
   in the make bench run of 06:15 UTC, kept the 1 s cooldown of the other
   lines, so the cooldown rule rejected nearly every agent message and the
   rate windows never filled: 1.95 µs there.)
+- **The duplicate window in two queues** (2026-11-22, session 21): a
+  world's content hashes and their times are kept apart, so the lookup
+  scans 8 bytes an entry instead of 24 (session 20's perf profile of (c1)
+  found the scan, stalled on memory, among the largest parts of
+  `Judge::decide`, itself 25% of the samples). Criterion,
+  the code before as a saved baseline and after, in one session: one busy
+  world 1.53 → 1.46 µs (−3.9%, p = 0.00); contract rules 2.23 → 2.12 µs
+  and 2.43 → 2.26 µs (events off / on; within noise, p = 0.31 and 0.82);
+  optional rules on 3.43 → 3.05 µs (−10%, p = 0.00). Single decisions
+  back to back, p99: 5.91 → 5.40 µs (all events on), 3.78 → 3.48 µs with
+  the cache's upkeep between them. The side-by-side CPU pair (20,000
+  msg/s, 3 s steps, windows of a few entries) cannot resolve a change
+  this size: its (c1)/(b) medians were 4.55 before and 4.90 after, with
+  its 10 ms CPU ticks. The tables above predate this change.
 NOTES
 echo
 echo "## Memory per idle world (in process, no NATS)"

@@ -149,8 +149,11 @@ def main():
     for name, (_, manifests) in rendered.items():
         toml = by_kind(manifests, "ConfigMap")["data"]["loopguard.toml"]
         stand_ins = tempfile.mkdtemp()
-        for f_name in ["ca.crt", "tls.crt", "tls.key"]:
-            open(os.path.join(stand_ins, f_name), "w").close()
+        # PEM-shaped, as loopguard reads them at --check (the contents of a
+        # real Secret are the server's to judge).
+        for f_name, label in [("ca.crt", "CERTIFICATE"), ("tls.crt", "CERTIFICATE"), ("tls.key", "PRIVATE KEY")]:
+            with open(os.path.join(stand_ins, f_name), "w") as f:
+                f.write(f"-----BEGIN {label}-----\nMIIBszCCAVmgAwIBAgIUZ2F0ZQ==\n-----END {label}-----\n")
         toml = toml.replace("/etc/loopguard/tls/", stand_ins + "/")
         p = loopguard_check(toml)
         if p.returncode != 0:
