@@ -199,7 +199,7 @@ def main():
                 "auth.natsUser=lg", "auth.natsPassword=pw", "auth.natsUser=lg,auth.natsPassword=pw,auth.natsToken=t",
                 "auth.natsToken=t,auth.credentialsSecret=creds", "auth.natsNkeySeed=SUAB,auth.natsToken=t",
                 "auth.natsNkeySeed=SUAB,auth.credentialsSecret=creds", "auth.natsNkeySeed=UAB",
-                "serviceMonitor.interval=30", "serviceMonitor.interval=", "serviceMonitor.interval=1m30"]:
+                "serviceMonitor.interval=", "serviceMonitor.interval=1m30", "serviceMonitor.interval=30s5"]:
         p = helm("template", "lg", CHART, "--set", bad, expect_ok=False)
         if p.returncode == 0:
             fail(f"the schema accepted --set {bad}")
@@ -210,6 +210,11 @@ def main():
         p = helm("template", "lg", CHART, "--set", good, expect_ok=False)
         if p.returncode != 0:
             fail(f"the schema refused --set {good}: {p.stderr}")
+    # Durations as strings (--set would make "30" a number, refused by type).
+    for value, accepted in [("30", False), ("0", True), ("2h", True)]:
+        p = helm("template", "lg", CHART, "--set-string", f"serviceMonitor.interval={value}", expect_ok=False)
+        if (p.returncode == 0) != accepted:
+            fail(f"the schema {'refused' if accepted else 'accepted'} serviceMonitor.interval={value!r}: {p.stderr}")
     ok("values.schema.json rejects wrong types, unknown keys, bad names, out-of-range values and combinations loopguard refuses")
 
     # 5. PrometheusRule == config/prometheus/alerts.yml, and promtool agrees

@@ -351,10 +351,10 @@ async fn reload_in_background(
     metrics: &Metrics,
     trigger: &'static str,
 ) {
-    let (reload, judge, metrics) = (reload.clone(), judge.clone(), metrics.clone());
-    let applied =
-        tokio::task::spawn_blocking(move || apply_reload(&reload, &judge, &metrics, trigger));
+    let (reload, judge, m) = (reload.clone(), judge.clone(), metrics.clone());
+    let applied = tokio::task::spawn_blocking(move || apply_reload(&reload, &judge, &m, trigger));
     if let Err(e) = applied.await {
+        metrics.reload(false);
         tracing::error!(trigger, error = %e, "configuration reload failed; the running configuration stays");
     }
 }
@@ -544,6 +544,8 @@ async fn connect(
     let was_connected = Arc::new(AtomicBool::new(false));
     let m = metrics.clone();
     let readiness = readiness.clone();
+    // How a refused publish of loopguard's own output begins.
+    let egress: Arc<str> = format!("Publish to \"{}.", config.nats.prefix).into();
     let options = async_nats::ConnectOptions::new()
         .name("loopguard")
         // Every subject loopguard publishes or sends a request to is built
@@ -560,6 +562,7 @@ async fn connect(
             let m = m.clone();
             let was_connected = was_connected.clone();
             let readiness = readiness.clone();
+            let egress = egress.clone();
             async move {
                 match event {
                     async_nats::Event::Connected => {
@@ -606,13 +609,23 @@ async fn connect(
                         readiness.refused();
                         tracing::error!(error = %e, "the server refused a subscription: loopguard takes nothing in on it and stays unready; grant it, then restart loopguard");
                     }
+                    // A copy or event: an output not sent. An acknowledgement
+                    // or a pull (JetStream): nothing is finished or comes in,
+                    // so not ready. Anything else (a policy request): logged.
                     async_nats::Event::ServerError(async_nats::ServerError::Other(e))
                         if e.starts_with("Permissions Violation for Publish") =>
                     {
-                        m.dropped(
-                            DropReason::PublishError,
-                            &format_args!("the server refused a publish: {e}"),
-                        )
+                        if e.contains(&*egress) {
+                            m.dropped(
+                                DropReason::PublishError,
+                                &format_args!("the server refused a publish: {e}"),
+                            )
+                        } else {
+                            if e.contains("\"$JS.") {
+                                readiness.refused();
+                            }
+                            tracing::error!(error = %e, "the server refused a publish loopguard needs; grant it, then restart loopguard");
+                        }
                     }
                     async_nats::Event::ClientError(e) => m.client_error(&e),
                     other => tracing::warn!(event = %other, "NATS client event"),

@@ -90,14 +90,21 @@ fn main() -> ExitCode {
             let signal = signals.recv().await;
             tracing::info!(signal, "shutdown: signal received");
             // A second signal ends the drain at once: for whoever will not
-            // wait out a long grace period (Ctrl-C twice).
+            // wait out a long grace period (Ctrl-C twice). One within a
+            // second of the first is the same request: a wrapper passing a
+            // Ctrl-C on as SIGTERM while the terminal's SIGINT comes too.
+            let first = std::time::Instant::now();
             tokio::spawn(async move {
-                let signal = signals.recv().await;
-                tracing::warn!(
-                    signal,
-                    "shutdown: second signal, exiting now with work left"
-                );
-                std::process::exit(1);
+                loop {
+                    let signal = signals.recv().await;
+                    if first.elapsed() >= std::time::Duration::from_secs(1) {
+                        tracing::warn!(
+                            signal,
+                            "shutdown: second signal, exiting now with work left"
+                        );
+                        std::process::exit(1);
+                    }
+                }
             });
         },
         Some(reload),
