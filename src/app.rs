@@ -601,8 +601,7 @@ async fn connect(
                         )
                     }
                     // The server's permissions: a refused subscription
-                    // takes nothing in until a restart (not ready); a
-                    // refused publish is an output not sent.
+                    // takes nothing in until a restart (not ready).
                     async_nats::Event::ServerError(async_nats::ServerError::Other(e))
                         if e.starts_with("Permissions Violation for Subscription") =>
                     {
