@@ -86,10 +86,7 @@ impl Readiness {
         self.subscribed.load(Ordering::SeqCst)
             && !self.draining.load(Ordering::SeqCst)
             && !self.refused.load(Ordering::SeqCst)
-            && self
-                .client
-                .get()
-                .is_some_and(|c| c.connection_state() == async_nats::connection::State::Connected)
+            && self.connected() == Some(true)
     }
 }
 
@@ -285,11 +282,9 @@ fn world_view(admin: &Admin, raw: &str) -> Reply {
     };
     let now = admin.clock.now();
     let (window, hot) = conversation_limits(admin);
+    let show = |w: &state::WorldState| w.view(&world, now, w.conversation(now, window, hot));
     let view = match admin.judge.worlds().get(&world) {
-        Some(handle) => {
-            let w = state::lock(&handle);
-            w.view(&world, now, w.conversation(now, window, hot))
-        }
+        Some(handle) => show(&state::lock(&handle)),
         None => {
             // A world the config lists has its agents before its first
             // message (or again after eviction): shown as it would start,
@@ -302,8 +297,7 @@ fn world_view(admin: &Admin, raw: &str) -> Reply {
                 );
             };
             let idle = Duration::from_secs(settings.config.state.idle_seconds);
-            let w = state::WorldState::new(listed.clone(), idle, now);
-            w.view(&world, now, w.conversation(now, window, hot))
+            show(&state::WorldState::new(listed.clone(), idle, now))
         }
     };
     // Written after the world's lock is released: its decisions wait for
