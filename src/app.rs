@@ -142,11 +142,15 @@ pub async fn run(
     // The consumer's own, which may differ from the config's; the larger,
     // as a consumer created again later takes the config's.
     let mut max_ack_pending = jetstream.max_ack_pending;
+    // The consumer's own too: answers to copies are awaited for less than
+    // it waits for an acknowledgement.
+    let mut ack_wait = Duration::from_secs(jetstream.ack_wait_seconds);
     let intake = if jetstream.enabled {
         match open_jetstream(&client, jetstream, &subjects, stopped()).await? {
             Some((messages, families)) => {
                 captured = families;
                 max_ack_pending = max_ack_pending.max(messages.max_ack_pending);
+                ack_wait = ack_wait.min(messages.ack_wait);
                 Intake::JetStream(Box::new(messages))
             }
             None => {
@@ -189,7 +193,6 @@ pub async fn run(
     // publish overlap another's decision; with more threads, one per thread.
     let workers = config.runtime.threads.max(2);
     let publisher = if jetstream.enabled && jetstream.egress_acks {
-        let ack_wait = Duration::from_secs(jetstream.ack_wait_seconds);
         Publisher::answered(client.clone(), metrics.clone(), &captured, ack_wait)
     } else {
         Publisher::new(client.clone(), metrics.clone())
@@ -459,9 +462,7 @@ async fn retrying<T>(
             _ = &mut stopped => return Ok(None),
             result = open() => match result {
                 Ok(opened) => return Ok(Some(opened)),
-                Err(e @ (JetStreamError::Subjects { .. } | JetStreamError::Refused { .. })) => {
-                    return Err(e.into())
-                }
+                Err(e) if e.is_misconfiguration() => return Err(e.into()),
                 Err(e) => tracing::warn!(error = %e, "JetStream set-up failed; retrying in 2s"),
             },
         }

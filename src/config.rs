@@ -285,6 +285,8 @@ impl NatsConfig {
     /// The one authentication method configured, checked for consistency.
     pub fn auth(&self) -> Result<NatsAuth, ConfigError> {
         let set = |s: &str| !s.is_empty();
+        // The keys of the methods set, to name them if more than one is.
+        let mut keys = Vec::new();
         let mut methods = Vec::new();
         if set(&self.user) || set(&self.password) {
             if !(set(&self.user) && set(&self.password)) {
@@ -293,26 +295,33 @@ impl NatsConfig {
                     "nats.user and nats.password go together",
                 ));
             }
+            keys.push("nats.user");
             methods.push(NatsAuth::UserPassword {
                 user: self.user.clone(),
                 password: self.password.clone(),
             });
         }
         if set(&self.token) {
+            keys.push("nats.token");
             methods.push(NatsAuth::Token(self.token.clone()));
         }
         if set(&self.credentials_file) {
+            keys.push("nats.credentials_file");
             methods.push(NatsAuth::CredentialsFile(self.credentials_file.clone()));
         }
         if set(&self.nkey_seed) {
+            keys.push("nats.nkey_seed");
             methods.push(NatsAuth::NkeySeed(self.nkey_seed.clone()));
         }
         match methods.len() {
             0 => Ok(NatsAuth::None),
             1 => Ok(methods.remove(0)),
             _ => Err(invalid(
-                "nats",
-                "set only one of user/password, token, credentials_file and nkey_seed",
+                keys[1],
+                format!(
+                    "{} are set: set only one of user/password, token, credentials_file and nkey_seed",
+                    keys.join(", ")
+                ),
             )),
         }
     }
@@ -1150,7 +1159,7 @@ fn validate_rules(key: &str, rules: &RulesConfig) -> Result<(), ConfigError> {
             "must be dot-separated tokens of A-Z, a-z, 0-9, '_' and '-' (no wildcards)",
         ));
     }
-    if !rules.policy.subject.is_empty() && !(1..=10_000).contains(&rules.policy.timeout_ms) {
+    if !(1..=10_000).contains(&rules.policy.timeout_ms) {
         return Err(invalid(
             format!("{key}.policy.timeout_ms"),
             "must be 1 to 10000",
@@ -1497,6 +1506,9 @@ mod tests {
         assert!(error_of("[nats]\nurl = \" , \"\n", &[]).contains("nats.url"));
         assert!(error_of("[log]\nlevel = \"loud=[\"\n", &[]).contains("log.level"));
         assert!(error_of("[log]\nformat = \"xml\"\n", &[]).contains("xml"));
+        // A range is checked with its feature off too, as the chart's schema does.
+        let e = error_of("[rules.policy]\ntimeout_ms = 0\n", &[]);
+        assert!(e.contains("rules.policy.timeout_ms"), "{e}");
     }
 
     #[test]
@@ -1611,7 +1623,11 @@ mod tests {
         assert!(error_of("[nats]\nuser = \"lg\"\n", &[]).contains("nats.user"));
         let seed = nkeys::KeyPair::new_user().seed().unwrap();
         let both = format!("[nats]\ntoken = \"t\"\nnkey_seed = \"{seed}\"\n");
-        assert!(error_of(&both, &[]).contains("only one"));
+        let e = error_of(&both, &[]);
+        assert!(
+            e.contains("only one") && e.contains("nats.token, nats.nkey_seed"),
+            "{e}"
+        );
         assert!(error_of("[nats]\nnkey_seed = \"XX\"\n", &[]).contains("nats.nkey_seed"));
         assert!(
             error_of("[nats]\ncredentials_file = \"/nope.creds\"\n", &[])

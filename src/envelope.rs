@@ -128,9 +128,9 @@ pub fn parse(
             _ => return Err(EnvelopeError::NoContent),
         },
     };
-    let id = string(id, "id")?;
-    let thread_id = string(thread_id, "thread_id")?;
-    let parent_id = string(parent_id, "parent_id")?;
+    let id = id_field(id, "id")?;
+    let thread_id = id_field(thread_id, "thread_id")?;
+    let parent_id = id_field(parent_id, "parent_id")?;
     let id = match id {
         Some(id) => Some(id),
         None => fallback_id()?,
@@ -142,6 +142,14 @@ pub fn parse(
         parent_id,
         fields,
     })
+}
+
+/// One of the ids (`id`, `thread_id`, `parent_id`): a string, absent (null
+/// or empty), or an error. An empty id names no message: kept, every
+/// message of a sender that sends "" would share one id, and so their
+/// copies one `Nats-Msg-Id` (an egress stream would keep only the first).
+fn id_field(value: Option<Value>, key: &'static str) -> Result<Option<String>, EnvelopeError> {
+    Ok(string(value, key)?.filter(|id| !id.is_empty()))
 }
 
 /// One of loopguard's own ingress fields: a string, absent/null, or an error.
@@ -318,9 +326,9 @@ mod tests {
         };
         Ok(Envelope {
             content,
-            id: take(&mut fields, "id")?,
-            thread_id: take(&mut fields, "thread_id")?,
-            parent_id: take(&mut fields, "parent_id")?,
+            id: id_field(fields.remove("id"), "id")?,
+            thread_id: id_field(fields.remove("thread_id"), "thread_id")?,
+            parent_id: id_field(fields.remove("parent_id"), "parent_id")?,
             fields,
         })
     }
@@ -363,6 +371,23 @@ mod tests {
             let raw = format!("{{{}}}", body.join(","));
             proptest::prop_assert_eq!(parse(raw.as_bytes(), FallbackId::default(), 4096), parse_via_map(&raw), "{}", raw);
         }
+    }
+
+    #[test]
+    fn an_empty_id_is_no_id() {
+        let e = parse(
+            br#"{"content":"x","id":"","thread_id":"","parent_id":""}"#,
+            FallbackId::header("h1"),
+            1024,
+        )
+        .unwrap();
+        assert_eq!(
+            (e.id.as_deref(), e.thread_id, e.parent_id),
+            (Some("h1"), None, None)
+        );
+        // Content may be empty.
+        let e = parse(br#"{"content":""}"#, FallbackId::default(), 1024).unwrap();
+        assert_eq!(e.content, "");
     }
 
     #[test]

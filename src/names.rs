@@ -64,13 +64,36 @@ pub fn is_name_byte(b: u8) -> bool {
 }
 
 /// Shortens untrusted text for logs and events: at most [`MAX_NAME_LEN`]
-/// characters, control characters replaced, so a hostile subject token cannot
-/// flood or forge log lines.
+/// characters, control characters and invisible formatting replaced, so a
+/// hostile subject token cannot flood or forge log lines, nor show a name
+/// other than its own on a dashboard (a right-to-left override reverses
+/// what follows it; a zero-width space hides).
 pub fn display_untrusted(raw: &str) -> String {
     raw.chars()
         .take(MAX_NAME_LEN)
-        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .map(|c| match c.is_control() || is_invisible_format(c) {
+            true => '\u{fffd}',
+            false => c,
+        })
         .collect()
+}
+
+/// Unicode's bidirectional controls, zero-width and other invisible
+/// formatting characters, and line and paragraph separators: they change
+/// how the text around them shows, and show nothing themselves.
+fn is_invisible_format(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00ad}'
+            | '\u{061c}'
+            | '\u{180e}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{feff}'
+            | '\u{fff9}'..='\u{fffb}'
+            | '\u{e0000}'..='\u{e007f}'
+    )
 }
 
 impl fmt::Display for Name {
@@ -142,5 +165,11 @@ mod tests {
         let shown = display_untrusted(&format!("x\n{}", "y".repeat(200)));
         assert_eq!(shown.chars().count(), MAX_NAME_LEN);
         assert!(!shown.contains('\n'));
+        // Bidirectional overrides and zero-width characters are shown as
+        // replacements, so `\u{202e}nimda` cannot show as "admin".
+        assert_eq!(
+            display_untrusted("\u{202e}nimda\u{200b}\u{2066}é"),
+            "\u{fffd}nimda\u{fffd}\u{fffd}é"
+        );
     }
 }

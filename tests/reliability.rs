@@ -812,37 +812,104 @@ async fn a_lost_consumer_is_not_ready_until_it_is_open_again() {
     until_ingest_acknowledged(&js, &lg).await;
 }
 
-/// A push consumer under loopguard's consumer name (put there by hand, or
-/// in place of a deleted one) can never serve its pulls: loopguard stops
-/// with an error that names it and says what to do, rather than retry for
-/// ever.
+/// A stream or consumer already under loopguard's names that it cannot use
+/// without losing messages stops it with an error that names it and says
+/// what to do, rather than retry for ever or go on: a push consumer (it can
+/// never serve pulls), a consumer whose acknowledgements settle more than
+/// one message, one that delivers headers only, one whose filter leaves
+/// out joins, and a stream that captures loopguard's own copies (a
+/// consumer would read them and, on a work queue, delete them).
 #[tokio::test]
-async fn a_push_consumer_in_loopguards_place_stops_it_with_a_clear_error() {
+async fn an_unusable_stream_or_consumer_in_loopguards_place_stops_it_with_a_clear_error() {
+    use jetstream::consumer::{pull, push, AckPolicy};
+    let pulls = |f: fn(&mut pull::Config)| {
+        let mut c = pull::Config {
+            durable_name: Some("loopguard".into()),
+            ack_policy: AckPolicy::Explicit,
+            ..Default::default()
+        };
+        f(&mut c);
+        c
+    };
+    let cases: [(&str, Option<pull::Config>, &str); 4] = [
+        ("push", None, "refuses loopguard's pulls"),
+        (
+            "ack all",
+            Some(pulls(|c| c.ack_policy = AckPolicy::All)),
+            "not explicit",
+        ),
+        (
+            "headers only",
+            Some(pulls(|c| c.headers_only = true)),
+            "delivers headers only",
+        ),
+        (
+            "raw only",
+            Some(pulls(|c| c.filter_subject = "chat.raw.>".into())),
+            "leaves out chat.join.>",
+        ),
+    ];
+    let stops_with = async |nats: &NatsServer, expected: &str| {
+        let mut lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
+        let status = within("loopguard stops", async {
+            loop {
+                if let Some(status) = lg.exit_status() {
+                    return status;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        let logs = lg.logs();
+        assert!(!status.success(), "{status:?}\n{logs}");
+        assert!(logs.contains(expected), "{expected}: {logs}");
+    };
+    for (name, consumer, expected) in cases {
+        let nats = NatsServer::start_jetstream();
+        let (_, js) = connect(&nats).await;
+        // Not a work queue, which takes explicit acknowledgements only.
+        create_stream(
+            &js,
+            stream::Config {
+                name: "LOOPGUARD_INGEST".into(),
+                subjects: vec!["chat.raw.>".into(), "chat.join.>".into()],
+                ..Default::default()
+            },
+        )
+        .await;
+        let stream = within("get stream", js.get_stream("LOOPGUARD_INGEST"))
+            .await
+            .expect("stream");
+        let created = match consumer {
+            Some(config) => stream.create_consumer(config).await.map(|_| ()),
+            None => stream
+                .create_consumer(push::Config {
+                    durable_name: Some("loopguard".into()),
+                    deliver_subject: "elsewhere".into(),
+                    ack_policy: AckPolicy::Explicit,
+                    ..Default::default()
+                })
+                .await
+                .map(|_| ()),
+        };
+        created.unwrap_or_else(|e| panic!("consumer {name}: {e}"));
+        stops_with(&nats, expected).await;
+    }
+    // A stream that captures an egress family too.
     let nats = NatsServer::start_jetstream();
     let (_, js) = connect(&nats).await;
-    let stream = ingest_stream(&js).await;
-    within(
-        "create consumer",
-        stream.create_consumer(jetstream::consumer::push::Config {
-            durable_name: Some("loopguard".into()),
-            deliver_subject: "elsewhere".into(),
-            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+    create_stream(
+        &js,
+        stream::Config {
+            name: "LOOPGUARD_INGEST".into(),
+            subjects: vec![
+                "chat.raw.>".into(),
+                "chat.join.>".into(),
+                "chat.public.*".into(),
+            ],
             ..Default::default()
-        }),
+        },
     )
-    .await
-    .expect("consumer");
-    let mut lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
-    let status = within("loopguard stops", async {
-        loop {
-            if let Some(status) = lg.exit_status() {
-                return status;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
     .await;
-    let logs = lg.logs();
-    assert!(!status.success(), "{status:?}\n{logs}");
-    assert!(logs.contains("refuses loopguard's pulls"), "{logs}");
+    stops_with(&nats, "captures chat.public.*").await;
 }

@@ -287,6 +287,29 @@ async fn a_nats_msg_id_header_is_the_id_when_the_json_has_none() {
     let out = h.settle("lobby").await;
     assert_eq!(out.public("lobby")[0].body["id"], "hdr-7");
     assert_eq!(out.public("lobby")[0].body["content"], "plain text");
+    // An empty header, or an empty `id`, names no message: each of these
+    // gets an id of its own (were "" kept, the two would share their
+    // copies' Nats-Msg-Id, and an egress stream would keep one).
+    let mut empty = async_nats::HeaderMap::new();
+    empty.insert("Nats-Msg-Id", "");
+    h.client
+        .publish_with_headers("chat.raw.lobby.human.hal", empty, "empty header".into())
+        .await
+        .unwrap();
+    h.send_json(
+        "lobby",
+        "human",
+        "hal",
+        json!({"content": "empty id", "id": ""}),
+    )
+    .await;
+    let out = h.settle("lobby").await;
+    let ids: Vec<&str> = out.public("lobby").iter().map(|r| r.str("id")).collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(
+        ids.iter().all(|id| !id.is_empty()) && ids[0] != ids[1],
+        "{ids:?}"
+    );
 }
 
 #[tokio::test]

@@ -36,6 +36,28 @@ pub enum JetStreamError {
     /// loopguard's pull requests (a push consumer): retrying would not help.
     #[error("consumer {consumer} refuses loopguard's pulls ({reason}); delete it (nats consumer rm) so loopguard creates its own, or choose another nats.jetstream.consumer")]
     Refused { consumer: String, reason: String },
+    /// The stream captures subjects besides loopguard's input: a consumer
+    /// without a filter would read them and acknowledge them (on a work
+    /// queue, deleting them), loopguard's own copies among them.
+    #[error("stream {stream} captures {pattern}, which is not loopguard's input ({raw} and {join}): loopguard would read and acknowledge those messages too; give loopguard a stream of its own (another nats.jetstream.stream)")]
+    Broader {
+        stream: String,
+        pattern: String,
+        raw: String,
+        join: String,
+    },
+    /// The consumer named `nats.jetstream.consumer` exists with settings
+    /// under which loopguard could lose messages.
+    #[error("consumer {consumer} {reason}; delete it (nats consumer rm) so loopguard creates its own, or choose another nats.jetstream.consumer")]
+    Unsuitable { consumer: String, reason: String },
+}
+
+impl JetStreamError {
+    /// A misconfiguration, which retrying will not mend (the rest is the
+    /// server's state, which may).
+    pub fn is_misconfiguration(&self) -> bool {
+        !matches!(self, JetStreamError::Unavailable(_))
+    }
 }
 
 /// A pull from loopguard's consumer, and when its stream was created: a
@@ -47,6 +69,12 @@ pub struct Pull {
     /// The consumer's own `max_ack_pending` (an existing one keeps its
     /// own): with the config's, it sizes [`Replay`].
     pub max_ack_pending: u64,
+    /// The consumer's own `ack_wait`, which bounds how long answers to
+    /// copies may be awaited (`egress_acks`).
+    pub ack_wait: Duration,
+    /// Whether the stream is a work queue (its own retention, which an
+    /// existing stream keeps whatever the config says): see [`run`].
+    pub workqueue: bool,
 }
 
 /// Decisions whose acknowledgement may not have reached the server, by
@@ -254,11 +282,7 @@ pub async fn consumer(
         .get_or_create_stream(stream::Config {
             name: config.stream.clone(),
             subjects: wanted.to_vec(),
-            retention: match config.retention {
-                Retention::Workqueue => stream::RetentionPolicy::WorkQueue,
-                Retention::Limits => stream::RetentionPolicy::Limits,
-                Retention::Interest => stream::RetentionPolicy::Interest,
-            },
+            retention: retention_of(config.retention),
             storage: match config.storage {
                 Storage::File => stream::StorageType::File,
                 Storage::Memory => stream::StorageType::Memory,
@@ -279,6 +303,22 @@ pub async fn consumer(
                 missing: subject.clone(),
             });
         }
+    }
+    let foreign = |p: &&String| !wanted.iter().any(|w| covers(w, p));
+    if let Some(pattern) = info.config.subjects.iter().find(foreign) {
+        return Err(JetStreamError::Broader {
+            stream: config.stream.clone(),
+            pattern: pattern.clone(),
+            raw: wanted[0].clone(),
+            join: wanted[1].clone(),
+        });
+    }
+    let retention = &info.config.retention;
+    if *retention != retention_of(config.retention) {
+        tracing::warn!(
+            stream = %config.stream, retention = ?retention,
+            "the existing stream keeps its own retention, not nats.jetstream.retention's"
+        );
     }
     let consumer: jetstream::consumer::Consumer<pull::Config> = stream
         .get_or_create_consumer(
@@ -301,6 +341,12 @@ pub async fn consumer(
         })?;
     // An existing consumer keeps the settings it was created with.
     let held = &consumer.cached_info().config;
+    if let Some(reason) = unsuitable(held, &wanted) {
+        return Err(JetStreamError::Unsuitable {
+            consumer: config.consumer.clone(),
+            reason,
+        });
+    }
     let ack_wait = Duration::from_secs(config.ack_wait_seconds);
     if held.ack_wait != ack_wait
         || held.max_ack_pending != i64::try_from(config.max_ack_pending).unwrap_or(i64::MAX)
@@ -309,7 +355,13 @@ pub async fn consumer(
             consumer = %config.consumer,
             ack_wait_seconds = held.ack_wait.as_secs(),
             max_ack_pending = held.max_ack_pending,
-            "the existing consumer keeps its own ack_wait and max_ack_pending, not nats.jetstream's; delete it (nats consumer rm) to apply them"
+            "the existing consumer keeps its own ack_wait and max_ack_pending, not nats.jetstream's; edit it (nats consumer edit) to apply them, or delete it (nats consumer rm; on an interest stream that also deletes the messages no other consumer wants)"
+        );
+    }
+    if held.max_deliver > 0 {
+        tracing::warn!(
+            consumer = %config.consumer, max_deliver = held.max_deliver,
+            "the existing consumer delivers a message at most max_deliver times: one left unfinished that often (an egress stream away, NATS unreachable) is not delivered again"
         );
     }
     tracing::info!(stream = %config.stream, consumer = %config.consumer, "JetStream consumer ready");
@@ -322,7 +374,53 @@ pub async fn consumer(
             .ok()
             .filter(|&n| n > 0)
             .unwrap_or(config.max_ack_pending),
+        ack_wait: held.ack_wait,
+        workqueue: *retention == stream::RetentionPolicy::WorkQueue,
     })
+}
+
+/// The stream retention a config asks for.
+fn retention_of(retention: Retention) -> stream::RetentionPolicy {
+    match retention {
+        Retention::Workqueue => stream::RetentionPolicy::WorkQueue,
+        Retention::Limits => stream::RetentionPolicy::Limits,
+        Retention::Interest => stream::RetentionPolicy::Interest,
+    }
+}
+
+/// Why an existing consumer's settings could lose messages, if they could:
+/// an acknowledgement that settles others too (a worker's would settle
+/// another's unfinished ones), headers without payloads, or a filter that
+/// leaves out part of loopguard's input (`wanted`).
+fn unsuitable(held: &jetstream::consumer::Config, wanted: &[String]) -> Option<String> {
+    use jetstream::consumer::AckPolicy;
+    if held.ack_policy != AckPolicy::Explicit {
+        return Some(format!(
+            "acknowledges with policy {:?}, not explicit: one acknowledgement would settle messages not yet finished",
+            held.ack_policy
+        ));
+    }
+    if held.headers_only {
+        return Some("delivers headers only, without payloads".to_owned());
+    }
+    let filters: Vec<&String> = std::iter::once(&held.filter_subject)
+        .chain(&held.filter_subjects)
+        .filter(|f| !f.is_empty())
+        .collect();
+    if filters.is_empty() {
+        return None;
+    }
+    let missed = wanted
+        .iter()
+        .find(|w| !filters.iter().any(|f| covers(f, w)))?;
+    Some(format!(
+        "filters its messages ({}) and leaves out {missed}",
+        filters
+            .iter()
+            .map(|f| f.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
 }
 
 /// The egress families (`P.public.*`, `P.private.*.*`, `P.events.*`) that
@@ -455,8 +553,9 @@ impl PullError {
 /// When the server ends the pull (the consumer was deleted) or stops
 /// answering it (see [`PullError::Lost`]), `reopen` sets the stream and the
 /// consumer up again, retrying while the server is away, and pulling goes
-/// on. Its error (a stream that no longer captures loopguard's subjects),
-/// or a consumer that refuses loopguard's pulls, ends the intake.
+/// on. Its error (a misconfiguration: a stream that no longer captures
+/// loopguard's subjects or captures others too, a consumer loopguard cannot
+/// use), or a consumer that refuses loopguard's pulls, ends the intake.
 ///
 /// A consumer opened again may deliver, for the first time, messages the
 /// last one delivered: those up to the highest sequence seen count as
@@ -478,13 +577,14 @@ pub async fn run<E: From<JetStreamError>>(
     tokio::pin!(stop);
     let (mut highest, mut seen_before, mut generation) = (0, 0, 0);
     let mut created = first.created;
-    // On a work queue, a new consumer delivers what is left of the stream:
-    // nothing acknowledged, so a message it has seen before was decided and
-    // not finished. On other streams it starts from the stream's first
-    // message, finished ones too: those are decided again.
-    let workqueue = config.retention == Retention::Workqueue;
     let mut next = Some(first);
     while let Some(pull) = next.take() {
+        // On a work queue, a new consumer delivers what is left of the
+        // stream: nothing acknowledged, so a message it has seen before was
+        // decided and not finished. On other streams it starts from the
+        // stream's first message, finished ones too: those are decided
+        // again. The stream's own retention, not the config's.
+        let workqueue = pull.workqueue;
         if let Some(replay) = replay {
             replay.check_size(pull.max_ack_pending);
         }
@@ -533,7 +633,8 @@ pub async fn run<E: From<JetStreamError>>(
             let (message, acker) = message.split();
             let subject = message.subject.as_str();
             if !subject.starts_with(raw) && !subject.starts_with(join) {
-                // A broader existing stream: not ours to judge.
+                // A stream edited since it was checked to capture more
+                // (see `JetStreamError::Broader`): not ours to judge.
                 let _ = acker.ack().await;
                 continue;
             }

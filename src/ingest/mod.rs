@@ -270,7 +270,9 @@ impl Worker {
                 .headers
                 .as_ref()
                 .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
-                .map(|v| v.as_str()),
+                .map(|v| v.as_str())
+                // An empty header names no message (see `envelope::id_field`).
+                .filter(|id| !id.is_empty()),
             stable: stable_id,
         };
         let Some(mut decision) = self.judge.decide(origin, &message.payload, fallback) else {
