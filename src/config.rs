@@ -415,7 +415,32 @@ impl NatsConfig {
                 "nats.tls.cert_file and nats.tls.key_file go together",
             ));
         }
+        if !t.cert_file.is_empty() {
+            Self::check_key_pair(&t.cert_file, &t.key_file)?;
+        }
         Ok(())
+    }
+
+    /// Loads the client certificate and key as the TLS client will, which
+    /// checks that the key is the certificate's: a mismatch would fail
+    /// every handshake, retried for ever, rather than stop start-up.
+    fn check_key_pair(cert_file: &str, key_file: &str) -> Result<(), ConfigError> {
+        use async_nats::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        use async_nats::rustls::{crypto::ring, pki_types::pem::PemObject, sign::CertifiedKey};
+        let unreadable = |key, e: &dyn std::fmt::Display| invalid(key, e.to_string());
+        let certs = CertificateDer::pem_file_iter(cert_file)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| unreadable("nats.tls.cert_file", &e))?;
+        let key = PrivateKeyDer::from_pem_file(key_file)
+            .map_err(|e| unreadable("nats.tls.key_file", &e))?;
+        CertifiedKey::from_der(certs, key, &ring::default_provider())
+            .map(drop)
+            .map_err(|e| {
+                invalid(
+                    "nats.tls.key_file",
+                    format!("{key_file:?} does not go with nats.tls.cert_file {cert_file:?} ({e})"),
+                )
+            })
     }
 
     /// The server addresses of `url`: one or more, comma separated, each
@@ -1671,7 +1696,11 @@ mod tests {
         std::fs::write(&tls_key, pem("PRIVATE KEY")).unwrap();
         let tls_toml =
             format!("[nats.tls]\nca_file = {ca:?}\ncert_file = {cert:?}\nkey_file = {tls_key:?}\n");
-        load_toml(&tls_toml, &[]).expect("PEM-shaped TLS files pass");
+        load_toml(&format!("[nats.tls]\nca_file = {ca:?}\n"), &[]).expect("a PEM CA passes");
+        // A PEM key that is no key (a real pair, and one that does not go
+        // together, are in tests/lifecycle.rs: made with openssl).
+        let e = error_of(&tls_toml, &[]);
+        assert!(e.contains("nats.tls.key_file"), "{e}");
         for (file, bad, key) in [
             (&ca, "not a certificate\n".to_string(), "nats.tls.ca_file"),
             (&ca, pem("PRIVATE KEY"), "nats.tls.ca_file"),

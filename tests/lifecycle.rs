@@ -591,6 +591,55 @@ async fn connects_over_tls_with_a_private_ca_and_refuses_an_unknown_one() {
     );
 }
 
+/// Mutual TLS: a server that verifies clients takes loopguard with its
+/// certificate and key (here the server's own pair, signed by the test CA)
+/// and not without. A key that is not the certificate's is refused at
+/// `--check`, naming the key, rather than failing every handshake.
+#[tokio::test]
+async fn mutual_tls_connects_with_a_client_certificate_and_checks_the_pair() {
+    let certs = tempfile::tempdir().unwrap();
+    make_certs(certs.path());
+    let path = |f: &str| certs.path().join(f).to_str().unwrap().to_string();
+    let (ca, cert, key) = (path("ca.pem"), path("server.pem"), path("server.key"));
+    let with_key = |key: &str| {
+        [
+            ("LOOPGUARD__NATS__TLS__CA_FILE", ca.clone()),
+            ("LOOPGUARD__NATS__TLS__CERT_FILE", cert.clone()),
+            ("LOOPGUARD__NATS__TLS__KEY_FILE", key.to_string()),
+        ]
+    };
+    fn env<'a>(vars: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+        vars.iter().map(|(k, v)| (*k, v.as_str())).collect()
+    }
+    let pair = with_key(&key);
+    let (code, text) = run(&["--check"], &env(&pair), None);
+    assert_eq!(code, 0, "{text}");
+    // The CA's key with the server's certificate.
+    let (code, text) = run(&["--check"], &env(&with_key(&path("ca.key"))), None);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("nats.tls.key_file") && text.contains("does not go with"),
+        "{text}"
+    );
+
+    let nats = NatsServer::start_with(&[
+        "--tlsverify",
+        "--tlscert",
+        &cert,
+        "--tlskey",
+        &key,
+        "--tlscacert",
+        &ca,
+    ]);
+    let url = format!("tls://127.0.0.1:{}", nats.port);
+    let client = Loopguard::spawn_env(&url, "", &env(&pair));
+    until_ready(&client).await;
+    let anonymous = Loopguard::spawn_env(&url, "", &[("LOOPGUARD__NATS__TLS__CA_FILE", &ca)]);
+    let addr = anonymous.http_addr().await;
+    anonymous.until_logged("NATS client error", 1).await;
+    assert_eq!(support::http(&addr, "GET", "/readyz", &[]).await.0, 503);
+}
+
 #[tokio::test]
 async fn a_watched_config_file_is_reloaded_when_it_changes() {
     let mut h = Harness::start(
