@@ -50,12 +50,26 @@ async fn create_stream(js: &jetstream::Context, config: stream::Config) {
 /// The ingest stream as loopguard would create it, made before loopguard
 /// starts (so that a test can put a consumer of its own in it).
 async fn ingest_stream(js: &jetstream::Context) -> stream::Stream {
+    ingest_stream_of(
+        js,
+        &["chat.raw.>", "chat.join.>"],
+        stream::RetentionPolicy::WorkQueue,
+    )
+    .await
+}
+
+/// An ingest stream under loopguard's stream name, as a test shapes it.
+async fn ingest_stream_of(
+    js: &jetstream::Context,
+    subjects: &[&str],
+    retention: stream::RetentionPolicy,
+) -> stream::Stream {
     create_stream(
         js,
         stream::Config {
             name: "LOOPGUARD_INGEST".into(),
-            subjects: vec!["chat.raw.>".into(), "chat.join.>".into()],
-            retention: stream::RetentionPolicy::WorkQueue,
+            subjects: subjects.iter().map(|s| s.to_string()).collect(),
+            retention,
             ..Default::default()
         },
     )
@@ -868,18 +882,8 @@ async fn an_unusable_stream_or_consumer_in_loopguards_place_stops_it_with_a_clea
         let nats = NatsServer::start_jetstream();
         let (_, js) = connect(&nats).await;
         // Not a work queue, which takes explicit acknowledgements only.
-        create_stream(
-            &js,
-            stream::Config {
-                name: "LOOPGUARD_INGEST".into(),
-                subjects: vec!["chat.raw.>".into(), "chat.join.>".into()],
-                ..Default::default()
-            },
-        )
-        .await;
-        let stream = within("get stream", js.get_stream("LOOPGUARD_INGEST"))
-            .await
-            .expect("stream");
+        let limits = stream::RetentionPolicy::Limits;
+        let stream = ingest_stream_of(&js, &["chat.raw.>", "chat.join.>"], limits).await;
         let created = match consumer {
             Some(config) => stream.create_consumer(config).await.map(|_| ()),
             None => stream
@@ -898,18 +902,7 @@ async fn an_unusable_stream_or_consumer_in_loopguards_place_stops_it_with_a_clea
     // A stream that captures an egress family too.
     let nats = NatsServer::start_jetstream();
     let (_, js) = connect(&nats).await;
-    create_stream(
-        &js,
-        stream::Config {
-            name: "LOOPGUARD_INGEST".into(),
-            subjects: vec![
-                "chat.raw.>".into(),
-                "chat.join.>".into(),
-                "chat.public.*".into(),
-            ],
-            ..Default::default()
-        },
-    )
-    .await;
+    let subjects = ["chat.raw.>", "chat.join.>", "chat.public.*"];
+    ingest_stream_of(&js, &subjects, stream::RetentionPolicy::Limits).await;
     stops_with(&nats, "captures chat.public.*").await;
 }

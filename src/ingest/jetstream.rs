@@ -403,8 +403,9 @@ fn unsuitable(held: &jetstream::consumer::Config, wanted: &[String]) -> Option<S
     if held.headers_only {
         return Some("delivers headers only, without payloads".to_owned());
     }
-    let filters: Vec<&String> = std::iter::once(&held.filter_subject)
+    let filters: Vec<&str> = std::iter::once(&held.filter_subject)
         .chain(&held.filter_subjects)
+        .map(String::as_str)
         .filter(|f| !f.is_empty())
         .collect();
     if filters.is_empty() {
@@ -415,11 +416,7 @@ fn unsuitable(held: &jetstream::consumer::Config, wanted: &[String]) -> Option<S
         .find(|w| !filters.iter().any(|f| covers(f, w)))?;
     Some(format!(
         "filters its messages ({}) and leaves out {missed}",
-        filters
-            .iter()
-            .map(|f| f.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
+        filters.join(", ")
     ))
 }
 
