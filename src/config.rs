@@ -363,10 +363,10 @@ impl NatsConfig {
     }
 
     /// Checks the TLS files: each exists and holds what it is for (PEM
-    /// certificates, a PEM private key), and cert and key come together.
-    /// The client reads them only when it connects, and retries a file it
-    /// cannot use for ever, unready: found here, it is exit 2 naming the key.
-    /// (Whether the key is the certificate's is for the server to find.)
+    /// certificates, a PEM private key), cert and key come together, and the
+    /// key is the certificate's. The client reads them only when it
+    /// connects, and retries a file it cannot use for ever, unready: found
+    /// here, it is exit 2 naming the key.
     fn validate_tls(&self) -> Result<(), ConfigError> {
         use async_nats::rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
         let t = &self.tls;
@@ -427,6 +427,7 @@ impl NatsConfig {
     fn check_key_pair(cert_file: &str, key_file: &str) -> Result<(), ConfigError> {
         use async_nats::rustls::pki_types::{CertificateDer, PrivateKeyDer};
         use async_nats::rustls::{crypto::ring, pki_types::pem::PemObject, sign::CertifiedKey};
+        use async_nats::rustls::{Error, InconsistentKeys};
         let unreadable = |key, e: &dyn std::fmt::Display| invalid(key, e.to_string());
         let certs = CertificateDer::pem_file_iter(cert_file)
             .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
@@ -435,11 +436,15 @@ impl NatsConfig {
             .map_err(|e| unreadable("nats.tls.key_file", &e))?;
         CertifiedKey::from_der(certs, key, &ring::default_provider())
             .map(drop)
-            .map_err(|e| {
-                invalid(
+            .map_err(|e| match e {
+                Error::InconsistentKeys(InconsistentKeys::KeyMismatch) => invalid(
                     "nats.tls.key_file",
-                    format!("{key_file:?} does not go with nats.tls.cert_file {cert_file:?} ({e})"),
-                )
+                    format!("{key_file:?} does not go with nats.tls.cert_file {cert_file:?}: the key is not the first certificate's"),
+                ),
+                e => invalid(
+                    "nats.tls.key_file",
+                    format!("{key_file:?} and nats.tls.cert_file {cert_file:?} cannot be used as a client certificate ({e})"),
+                ),
             })
     }
 

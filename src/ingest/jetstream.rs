@@ -39,7 +39,7 @@ pub enum JetStreamError {
     /// The stream captures subjects besides loopguard's input: a consumer
     /// without a filter would read them and acknowledge them (on a work
     /// queue, deleting them), loopguard's own copies among them.
-    #[error("stream {stream} captures {pattern}, which is not loopguard's input ({raw} and {join}): loopguard would read and acknowledge those messages too; give loopguard a stream of its own (another nats.jetstream.stream)")]
+    #[error("stream {stream} captures {pattern}, which is not loopguard's input ({raw} and {join}): loopguard would read and acknowledge those messages too; narrow its subjects to those two (nats stream edit), or move the others to a stream of their own")]
     Broader {
         stream: String,
         pattern: String,
@@ -48,7 +48,7 @@ pub enum JetStreamError {
     },
     /// The consumer named `nats.jetstream.consumer` exists with settings
     /// under which loopguard could lose messages.
-    #[error("consumer {consumer} {reason}; delete it (nats consumer rm) so loopguard creates its own, or choose another nats.jetstream.consumer")]
+    #[error("consumer {consumer} {reason}; edit it where the server allows (nats consumer edit), else delete it so loopguard creates its own (nats consumer rm: on an interest stream that deletes the messages it has not acknowledged)")]
     Unsuitable { consumer: String, reason: String },
 }
 
