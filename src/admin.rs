@@ -1,14 +1,16 @@
 //! The HTTP server (contract §7): metrics, health, readiness, and the admin
 //! API to look at and reset a world. hyper 1 over tokio, HTTP/1.1.
 //!
-//! Bounds: at most [`MAX_CONNECTIONS`] connections at once (further accepts
-//! wait for a slot), headers within [`MAX_HEADER_BYTES`] and read within
+//! Bounds: at most [`MAX_CONNECTIONS`] connections at once (past that a new
+//! connection displaces the oldest one that is not being answered; see
+//! [`Connections`]), headers within [`MAX_HEADER_BYTES`] and read within
 //! [`HEADER_TIMEOUT`], and request bodies are never read: a request that
 //! announces one over [`MAX_BODY_BYTES`] gets 413.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,7 +20,7 @@ use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WW
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::oneshot;
 
 use crate::clock::Clock;
 use crate::judge::Judge;
@@ -111,11 +113,8 @@ pub const BY_STATE_TTL: Duration = Duration::from_secs(5);
 
 /// Serves HTTP on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let open = Arc::new(Connections::default());
     loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
         let (stream, peer) = match listener.accept().await {
             Ok(conn) => conn,
             Err(e) => {
@@ -124,11 +123,18 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                 continue;
             }
         };
+        let Some(slot) = open.admit() else {
+            tracing::debug!(%peer, "http: every connection is answering a request; refused");
+            continue;
+        };
         let admin = admin.clone();
         tokio::spawn(async move {
+            let answering = slot.answering.clone();
             let service = hyper::service::service_fn(move |req| {
                 let admin = admin.clone();
+                let answering = answering.clone();
                 async move {
+                    answering.store(true, Ordering::Relaxed);
                     // Off the runtime's threads: a scrape visits every world
                     // (about 100 ms at 100,000 worlds), and with one runtime
                     // thread that time would be taken from the messages.
@@ -138,6 +144,7 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                             tracing::error!(error = %e, "http handler failed");
                             text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n")
                         });
+                    answering.store(false, Ordering::Relaxed);
                     Ok::<_, Infallible>(reply)
                 }
             });
@@ -146,11 +153,74 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                 .header_read_timeout(HEADER_TIMEOUT)
                 .max_buf_size(MAX_HEADER_BYTES)
                 .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "http connection ended with an error");
+            tokio::select! {
+                ended = conn => if let Err(e) = ended {
+                    tracing::debug!(%peer, error = %e, "http connection ended with an error");
+                },
+                _ = slot.displaced => {
+                    tracing::debug!(%peer, "http connection closed for a newer one");
+                }
             }
-            drop(permit);
+            slot.open.close(slot.id);
         });
+    }
+}
+
+/// The connections served now, oldest first. Past [`MAX_CONNECTIONS`] a new
+/// connection closes the oldest one not answering a request (one sending
+/// its request head, or idle between requests): clients holding every
+/// connection open, each sending its head a byte at a time, would otherwise
+/// keep the kubelet's probes out until it restarts the pod. Only when
+/// every connection is answering a request is the new one refused.
+#[derive(Default)]
+struct Connections {
+    held: Mutex<Held>,
+}
+
+#[derive(Default)]
+struct Held {
+    next: u64,
+    /// By accept order: whether it is answering a request, and what closes it.
+    open: BTreeMap<u64, (Arc<AtomicBool>, oneshot::Sender<()>)>,
+}
+
+/// One admitted connection: its id, and what tells it it was displaced.
+struct Slot {
+    id: u64,
+    open: Arc<Connections>,
+    answering: Arc<AtomicBool>,
+    displaced: oneshot::Receiver<()>,
+}
+
+impl Connections {
+    fn admit(self: &Arc<Self>) -> Option<Slot> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held.open.len() >= MAX_CONNECTIONS {
+            let oldest_idle = held
+                .open
+                .iter()
+                .find(|(_, (answering, _))| !answering.load(Ordering::Relaxed))
+                .map(|(&id, _)| id)?;
+            if let Some((_, close)) = held.open.remove(&oldest_idle) {
+                let _ = close.send(());
+            }
+        }
+        let id = held.next;
+        held.next += 1;
+        let answering = Arc::new(AtomicBool::new(false));
+        let (close, displaced) = oneshot::channel();
+        held.open.insert(id, (answering.clone(), close));
+        Some(Slot {
+            id,
+            open: self.clone(),
+            answering,
+            displaced,
+        })
+    }
+
+    fn close(&self, id: u64) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.open.remove(&id);
     }
 }
 
@@ -413,7 +483,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::constant_time_eq;
+    use super::*;
 
     #[test]
     fn token_comparison_is_exact() {
@@ -421,5 +491,34 @@ mod tests {
         assert!(!constant_time_eq(b"s3cret", b"s3creT"));
         assert!(!constant_time_eq(b"s3cret", b"s3cre"));
         assert!(!constant_time_eq(b"", b"x"));
+    }
+
+    #[tokio::test]
+    async fn past_the_limit_a_new_connection_displaces_the_oldest_not_answering() {
+        let open = Arc::new(Connections::default());
+        let mut slots: Vec<Slot> = (0..MAX_CONNECTIONS)
+            .map(|_| open.admit().expect("a free slot"))
+            .collect();
+        // The two oldest are answering a request: the third goes.
+        slots[0].answering.store(true, Ordering::Relaxed);
+        slots[1].answering.store(true, Ordering::Relaxed);
+        let newest = open.admit().expect("a slot, displacing one");
+        assert!(
+            (&mut slots[2].displaced).await.is_ok(),
+            "the oldest idle one is told to close"
+        );
+        for slot in slots.iter_mut().filter(|s| s.id != 2) {
+            assert!(slot.displaced.try_recv().is_err(), "slot {} kept", slot.id);
+        }
+        assert_eq!(open.held.lock().unwrap().open.len(), MAX_CONNECTIONS);
+        // A connection that ends frees its slot without displacing any.
+        open.close(newest.id);
+        let again = open.admit().expect("the freed slot");
+        assert!(slots[3].displaced.try_recv().is_err());
+        // Every connection answering: the new one is refused.
+        for slot in slots.iter().chain([&again]) {
+            slot.answering.store(true, Ordering::Relaxed);
+        }
+        assert!(open.admit().is_none());
     }
 }

@@ -198,6 +198,59 @@ async fn health_readiness_and_unknown_routes() {
     );
 }
 
+/// Clients that hold every HTTP connection, sending their request heads a
+/// byte at a time, do not keep the probes out: a new connection displaces
+/// the oldest one. Before, probes waited for a slot until a holder's head
+/// timed out (10 s), and holders reconnecting could keep them out for good,
+/// so the kubelet would restart the pod. The bound below is half that
+/// timeout: the probe must be answered before any holder times out.
+#[tokio::test]
+async fn connections_holding_every_slot_do_not_keep_the_probes_out() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const HOLDERS: usize = 300; // MAX_CONNECTIONS is 256
+    let h = Harness::start("").await;
+    let addr = h.loopguard.http_addr().await;
+    let mut holders = Vec::with_capacity(HOLDERS);
+    for _ in 0..HOLDERS {
+        let mut s = tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect");
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHo")
+            .await
+            .expect("write");
+        holders.push(s);
+    }
+    let answered = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        http(&addr, "GET", "/healthz", &[]),
+    )
+    .await
+    .expect("/healthz answered while every slot was held");
+    assert_eq!(answered.0, 200);
+    // The oldest holders were closed to make room; the newest still wait.
+    let mut first = [0u8; 1];
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        holders[0].read(&mut first),
+    )
+    .await
+    .expect("the oldest holder was closed");
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "closed, not answered: {read:?}"
+    );
+    let newest = holders.last_mut().expect("holders");
+    assert!(
+        tokio::time::timeout(
+            std::time::Duration::from_millis(200),
+            newest.read(&mut first)
+        )
+        .await
+        .is_err(),
+        "the newest holder is still served"
+    );
+}
+
 #[tokio::test]
 async fn readyz_is_503_while_nats_is_down_and_200_after_it_returns_on_the_same_port() {
     let mut h = Harness::start("").await;
