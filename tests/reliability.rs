@@ -606,6 +606,110 @@ async fn sigterm_under_load_leaves_the_rest_for_redelivery_and_exits_within_the_
     assert_eq!(stream_messages(&js, "EGRESS").await, N as u64);
 }
 
+/// Messages the pull brought in but no worker took when SIGTERM came are
+/// handed back (nak'ed), so the next run gets them at once, not after
+/// `ack_wait` (two minutes here, past the test's wait). The intake is held
+/// by a policy service that answers only after the signal: the world's
+/// worker waits on its first message, its queue fills, and the pull's next
+/// messages stay in the client.
+#[tokio::test]
+async fn sigterm_hands_back_what_no_worker_took_for_redelivery_at_once() {
+    const N: usize = loopguard::ingest::WORKER_QUEUE + 1000;
+    let nats = NatsServer::start_jetstream();
+    let (client, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    // The policy service: holds every request until `open` is sent.
+    let mut requests = within("subscribe", client.subscribe("policy.check"))
+        .await
+        .unwrap();
+    let (open, mut opened) = tokio::sync::oneshot::channel::<()>();
+    let answering = client.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        let mut gate_open = false;
+        loop {
+            tokio::select! {
+                _ = &mut opened, if !gate_open => {
+                    gate_open = true;
+                    for reply in held.drain(..) {
+                        let _ = answering.publish(reply, r#"{"decision":"approve"}"#.into()).await;
+                    }
+                }
+                m = requests.next() => {
+                    let Some(reply) = m.and_then(|m| m.reply) else { break };
+                    if gate_open {
+                        let _ = answering.publish(reply, r#"{"decision":"approve"}"#.into()).await;
+                    } else {
+                        held.push(reply);
+                    }
+                }
+            }
+        }
+    });
+    let config = format!(
+        "[shutdown]\ngrace_seconds = 45\n[rules.policy]\nsubject = \"policy.check\"\ntimeout_ms = 10000\n{JS_CONFIG}"
+    )
+    .replace("ack_wait_seconds = 2", "ack_wait_seconds = 120");
+    let mut first = Loopguard::spawn(&nats.url(), &config);
+    until_ready(&first).await;
+    // One world: one worker, held by its first (agent) message; the rest
+    // are humans', which the policy is not asked about.
+    let mut acks = Vec::new();
+    for i in 0..N {
+        let (kind, name) = if i == 0 {
+            ("agent", "a1")
+        } else {
+            ("human", "h1")
+        };
+        let body = json!({"content": format!("message {i}"), "id": format!("m{i}")});
+        let subject = format!("chat.raw.w0.{kind}.{name}");
+        acks.push(
+            within("publish", js.publish(subject, body.to_string().into()))
+                .await
+                .unwrap(),
+        );
+        if acks.len() == 500 {
+            for ack in acks.drain(..) {
+                within("stream ack", ack.into_future())
+                    .await
+                    .expect("stored");
+            }
+        }
+    }
+    for ack in acks {
+        within("stream ack", ack.into_future())
+            .await
+            .expect("stored");
+    }
+    // The worker's queue is full, and the client holds some of the rest.
+    within("the pull to deliver past the worker's queue", async {
+        while ingest_consumer(&js).await.num_ack_pending < loopguard::ingest::WORKER_QUEUE + 100 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    first.signal("TERM");
+    first.until_logged("shutdown", 1).await;
+    let _ = open.send(());
+    let status = first.exited().await;
+    assert_eq!(status.code(), Some(0), "{}", first.logs());
+    assert!(
+        first.logs().contains("handed back for redelivery"),
+        "nothing was handed back: {}",
+        first.logs()
+    );
+    assert!(
+        stream_messages(&js, "EGRESS").await < N as u64,
+        "nothing was left"
+    );
+
+    let second = Loopguard::spawn(&nats.url(), &config);
+    until_ready(&second).await;
+    until_stream_holds(&js, "EGRESS", N as u64, &second).await;
+    until_ingest_acknowledged(&js, &second).await;
+    assert_eq!(stream_messages(&js, "EGRESS").await, N as u64);
+}
+
 #[tokio::test]
 async fn an_existing_stream_that_misses_the_subjects_stops_start_up_with_a_clear_error() {
     let nats = NatsServer::start_jetstream();

@@ -13,8 +13,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::pull, stream};
-use futures::StreamExt;
+use async_nats::jetstream::{self, consumer::pull, stream, AckKind};
+use futures::{FutureExt, StreamExt};
 
 use super::{Delivery, Dispatcher};
 use crate::config::{JetStreamConfig, Retention, Storage};
@@ -545,7 +545,7 @@ impl PullError {
 }
 
 /// Pulls messages until `stop` resolves. What was pulled but not yet handed
-/// to a worker stays unacknowledged and is redelivered later.
+/// to a worker is handed back (see [`hand_back`]).
 ///
 /// When the server ends the pull (the consumer was deleted) or stops
 /// answering it (see [`PullError::Lost`]), `reopen` sets the stream and the
@@ -652,7 +652,7 @@ pub async fn run<E: From<JetStreamError>>(
         };
         // Dropped before opening again: the old pull could still take a
         // batch that no one would read until `ack_wait` brings it back.
-        drop(messages);
+        hand_back(messages).await;
         let Some(why) = why else { break };
         tracing::warn!(reason = %why, "JetStream consumer lost; opening the consumer again");
         tokio::select! {
@@ -663,10 +663,43 @@ pub async fn run<E: From<JetStreamError>>(
         next = reopen().await?;
         seen_before = highest;
     }
-    tracing::info!(
-        "shutdown: intake stopped; undispatched messages stay in the stream for redelivery"
-    );
+    tracing::info!("shutdown: intake stopped");
     Ok(())
+}
+
+/// Ends a pull and hands back what it brought in that no worker got: the
+/// messages the client already holds are taken without waiting, the pull is
+/// dropped (the server sends it nothing more), then each is nak'ed, so the
+/// server delivers it again now, ahead of later messages, and not after
+/// `ack_wait`: a world's messages stay in order across a restart or a
+/// reopen. Messages still on their way when the pull is dropped come back
+/// after `ack_wait`, as do those of a nak the server does not get.
+async fn hand_back(mut messages: pull::Stream) {
+    let mut held = Vec::new();
+    while let Some(Some(Ok(m))) = messages.next().now_or_never() {
+        held.push(m);
+    }
+    // Unsubscribes before the naks go out on the same connection, so the
+    // server cannot deliver them to this pull again.
+    drop(messages);
+    if held.is_empty() {
+        return;
+    }
+    let mut handed_back = 0usize;
+    for m in &held {
+        match m.ack_with(AckKind::Nak(None)).await {
+            Ok(()) => handed_back += 1,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not hand back a message; it comes back after ack_wait");
+                break;
+            }
+        }
+    }
+    tracing::info!(
+        handed_back,
+        held = held.len(),
+        "messages pulled but not given to a worker handed back for redelivery"
+    );
 }
 
 #[cfg(test)]
