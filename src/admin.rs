@@ -111,7 +111,8 @@ pub struct Admin {
 /// How long a per-state count is reused by later scrapes.
 pub const BY_STATE_TTL: Duration = Duration::from_secs(5);
 
-/// Serves HTTP on `listener` until the task is dropped.
+/// Accepts and serves HTTP connections on `listener` until the task is
+/// dropped (connections already accepted are served until they end).
 pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
     let open = Arc::new(Connections::default());
     loop {
@@ -123,18 +124,21 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                 continue;
             }
         };
-        let Some(slot) = open.admit() else {
+        let Some(mut slot) = open.admit() else {
+            // Closed without a response: there is no one to write it.
             tracing::debug!(%peer, "http: every connection is answering a request; refused");
             continue;
         };
         let admin = admin.clone();
         tokio::spawn(async move {
-            let answering = slot.answering.clone();
+            let activity = slot.activity.clone();
             let service = hyper::service::service_fn(move |req| {
                 let admin = admin.clone();
-                let answering = answering.clone();
+                // Marked when hyper has the request head, before the
+                // handler is first polled.
+                let answering = Answering::start(&activity);
                 async move {
-                    answering.store(true, Ordering::Relaxed);
+                    let _answering = answering;
                     // Off the runtime's threads: a scrape visits every world
                     // (about 100 ms at 100,000 worlds), and with one runtime
                     // thread that time would be taken from the messages.
@@ -144,7 +148,6 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                             tracing::error!(error = %e, "http handler failed");
                             text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n")
                         });
-                    answering.store(false, Ordering::Relaxed);
                     Ok::<_, Infallible>(reply)
                 }
             });
@@ -153,18 +156,31 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                 .header_read_timeout(HEADER_TIMEOUT)
                 .max_buf_size(MAX_HEADER_BYTES)
                 .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
             tokio::select! {
-                ended = conn => if let Err(e) = ended {
+                ended = conn.as_mut() => if let Err(e) = ended {
                     tracing::debug!(%peer, error = %e, "http connection ended with an error");
                 },
-                _ = slot.displaced => {
+                _ = &mut slot.displaced => {
                     tracing::debug!(%peer, "http connection closed for a newer one");
+                    // One that answered a request may still be writing its
+                    // reply: it closes once that is written (an idle one at
+                    // once), within a bound, and few at a time. One that
+                    // never got a whole request head closes now.
+                    if slot.activity.answered.load(Ordering::Relaxed) {
+                        if let Ok(_finishing) = slot.open.finishing.try_acquire() {
+                            conn.as_mut().graceful_shutdown();
+                            let _ = tokio::time::timeout(DISPLACED_GRACE, conn.as_mut()).await;
+                        }
+                    }
                 }
             }
-            slot.open.close(slot.id);
         });
     }
 }
+
+/// How long a displaced connection has to finish writing a reply.
+const DISPLACED_GRACE: Duration = Duration::from_secs(1);
 
 /// The connections served now, oldest first. Past [`MAX_CONNECTIONS`] a new
 /// connection closes the oldest one not answering a request (one sending
@@ -172,34 +188,81 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
 /// connection open, each sending its head a byte at a time, would otherwise
 /// keep the kubelet's probes out until it restarts the pod. Only when
 /// every connection is answering a request is the new one refused.
-#[derive(Default)]
 struct Connections {
     held: Mutex<Held>,
+    /// Displaced connections finishing a reply (see [`DISPLACED_GRACE`]),
+    /// bounded so that a flood of connections cannot keep many open past
+    /// [`MAX_CONNECTIONS`].
+    finishing: tokio::sync::Semaphore,
+}
+
+impl Default for Connections {
+    fn default() -> Self {
+        Connections {
+            held: Mutex::default(),
+            finishing: tokio::sync::Semaphore::new(MAX_CONNECTIONS / 4),
+        }
+    }
 }
 
 #[derive(Default)]
 struct Held {
     next: u64,
-    /// By accept order: whether it is answering a request, and what closes it.
-    open: BTreeMap<u64, (Arc<AtomicBool>, oneshot::Sender<()>)>,
+    /// By accept order: what each is doing, and what closes it.
+    open: BTreeMap<u64, (Arc<Activity>, oneshot::Sender<()>)>,
 }
 
-/// One admitted connection: its id, and what tells it it was displaced.
+/// What a connection is doing.
+#[derive(Default)]
+struct Activity {
+    /// A request is being answered: from its whole head to its reply.
+    answering: AtomicBool,
+    /// A request was answered: its reply may still be being written.
+    answered: AtomicBool,
+}
+
+/// Marks a connection as answering a request while it lives.
+struct Answering(Arc<Activity>);
+
+impl Answering {
+    fn start(activity: &Arc<Activity>) -> Answering {
+        activity.answered.store(true, Ordering::Relaxed);
+        activity.answering.store(true, Ordering::Relaxed);
+        Answering(activity.clone())
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.answering.store(false, Ordering::Relaxed);
+    }
+}
+
+/// One admitted connection; dropped, it leaves [`Connections`].
 struct Slot {
     id: u64,
     open: Arc<Connections>,
-    answering: Arc<AtomicBool>,
+    activity: Arc<Activity>,
+    /// Resolves when a newer connection displaced this one.
     displaced: oneshot::Receiver<()>,
 }
 
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.open.close(self.id);
+    }
+}
+
 impl Connections {
+    /// Registers a new connection, displacing the oldest one not answering
+    /// a request when all slots are taken; `None` when every one is.
     fn admit(self: &Arc<Self>) -> Option<Slot> {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         if held.open.len() >= MAX_CONNECTIONS {
             let oldest_idle = held
                 .open
                 .iter()
-                .find(|(_, (answering, _))| !answering.load(Ordering::Relaxed))
+                .find(|(_, (activity, _))| !activity.answering.load(Ordering::Relaxed))
                 .map(|(&id, _)| id)?;
             if let Some((_, close)) = held.open.remove(&oldest_idle) {
                 let _ = close.send(());
@@ -207,13 +270,13 @@ impl Connections {
         }
         let id = held.next;
         held.next += 1;
-        let answering = Arc::new(AtomicBool::new(false));
+        let activity = Arc::new(Activity::default());
         let (close, displaced) = oneshot::channel();
-        held.open.insert(id, (answering.clone(), close));
+        held.open.insert(id, (activity.clone(), close));
         Some(Slot {
             id,
             open: self.clone(),
-            answering,
+            activity,
             displaced,
         })
     }
@@ -495,30 +558,42 @@ mod tests {
 
     #[tokio::test]
     async fn past_the_limit_a_new_connection_displaces_the_oldest_not_answering() {
+        use tokio::sync::oneshot::error::TryRecvError;
         let open = Arc::new(Connections::default());
         let mut slots: Vec<Slot> = (0..MAX_CONNECTIONS)
             .map(|_| open.admit().expect("a free slot"))
             .collect();
         // The two oldest are answering a request: the third goes.
-        slots[0].answering.store(true, Ordering::Relaxed);
-        slots[1].answering.store(true, Ordering::Relaxed);
+        let answering: Vec<_> = slots[..2]
+            .iter()
+            .map(|s| Answering::start(&s.activity))
+            .collect();
         let newest = open.admit().expect("a slot, displacing one");
         assert!(
             (&mut slots[2].displaced).await.is_ok(),
             "the oldest idle one is told to close"
         );
         for slot in slots.iter_mut().filter(|s| s.id != 2) {
-            assert!(slot.displaced.try_recv().is_err(), "slot {} kept", slot.id);
+            let kept = slot.displaced.try_recv();
+            assert!(matches!(kept, Err(TryRecvError::Empty)), "slot {}", slot.id);
         }
         assert_eq!(open.held.lock().unwrap().open.len(), MAX_CONNECTIONS);
         // A connection that ends frees its slot without displacing any.
-        open.close(newest.id);
+        drop(newest);
         let again = open.admit().expect("the freed slot");
-        assert!(slots[3].displaced.try_recv().is_err());
+        let kept = slots[3].displaced.try_recv();
+        assert!(matches!(kept, Err(TryRecvError::Empty)));
         // Every connection answering: the new one is refused.
-        for slot in slots.iter().chain([&again]) {
-            slot.answering.store(true, Ordering::Relaxed);
-        }
+        let all: Vec<_> = slots
+            .iter()
+            .chain([&again])
+            .map(|s| Answering::start(&s.activity))
+            .collect();
         assert!(open.admit().is_none());
+        // An answer done, that connection can be displaced again.
+        drop(answering);
+        drop(all);
+        assert!(open.admit().is_some());
+        assert!((&mut slots[0].displaced).await.is_ok());
     }
 }
