@@ -669,25 +669,32 @@ pub async fn run<E: From<JetStreamError>>(
 
 /// Ends a pull and hands back what it brought in that no worker got: the
 /// messages the client already holds are taken without waiting, the pull is
-/// dropped (the server sends it nothing more), then each is nak'ed, so the
-/// server delivers it again now, ahead of later messages, and not after
-/// `ack_wait`: a world's messages stay in order across a restart or a
-/// reopen. Messages still on their way when the pull is dropped come back
+/// dropped (the server sends it nothing more), then each is nak'ed with
+/// [`HAND_BACK_DELAY`], so the server delivers it again a second later, not
+/// after `ack_wait`. A consumer that pulls after that gets them ahead of
+/// later messages, so a world's messages stay in order across a restart or
+/// a reopen. Messages still on their way when the pull is dropped come back
 /// after `ack_wait`, as do those of a nak the server does not get.
 async fn hand_back(mut messages: pull::Stream) {
-    let mut held = Vec::new();
-    while let Some(Some(Ok(m))) = messages.next().now_or_never() {
-        held.push(m);
+    let (mut held, mut errors) = (Vec::new(), 0);
+    loop {
+        // Unconstrained: the task's cooperative budget, spent, would make
+        // the subscription look empty with messages still in it.
+        match tokio::task::unconstrained(messages.next()).now_or_never() {
+            Some(Some(Ok(m))) => held.push(m),
+            // A status the pull reports (a heartbeat missed, say): what
+            // follows it may still be messages.
+            Some(Some(Err(_))) if errors < HAND_BACK_MAX_ERRORS => errors += 1,
+            _ => break,
+        }
     }
-    // Unsubscribes before the naks go out on the same connection, so the
-    // server cannot deliver them to this pull again.
     drop(messages);
     if held.is_empty() {
         return;
     }
     let mut handed_back = 0usize;
     for m in &held {
-        match m.ack_with(AckKind::Nak(None)).await {
+        match m.ack_with(AckKind::Nak(Some(HAND_BACK_DELAY))).await {
             Ok(()) => handed_back += 1,
             Err(e) => {
                 tracing::warn!(error = %e, "could not hand back a message; it comes back after ack_wait");
@@ -701,6 +708,16 @@ async fn hand_back(mut messages: pull::Stream) {
         "messages pulled but not given to a worker handed back for redelivery"
     );
 }
+
+/// How long the server waits before delivering a handed-back message
+/// again. Long enough for the dropped pull's unsubscription to reach it
+/// first (sent before the naks, but through a queue that may be full, and
+/// a server with leaf nodes or gateways still serves a pull for 250 ms
+/// after its interest is gone); short against `ack_wait`.
+const HAND_BACK_DELAY: Duration = Duration::from_secs(1);
+
+/// Errors [`hand_back`] reads past while taking what the pull holds.
+const HAND_BACK_MAX_ERRORS: usize = 16;
 
 #[cfg(test)]
 mod tests {
