@@ -184,6 +184,28 @@ where the two differ, the tables are the newer.
   caches with the server, more again. (c1)/(b) was 3.00 [4.00, 2.71,
   4.57, 3.62] in the table and 3.94-4.06 side by side (median 4.00 [4.38,
   4.00, 3.87, 4.08]): not ≤ 1.5.
+- **Where a decision waits** (2026-11-22, session 23). perf, sampling
+  loopguard at 1999 Hz for 40 s of (c1)'s rate search from 152k msg/s up
+  (`BENCH_ONLY=c1`, the profile-guided build of f5bbe65's code, the same
+  on this path as ff3f9e3's), by own time: `Judge::decide`, with what is
+  inlined into it, 27%; moka's world lookup 11%; recording the approved
+  message 7.5%; memmove 4.8% (spread over the client's write buffer and
+  the hand-offs through channels); the worker's loop 4.4%; mimalloc about
+  5%; the NATS client's connection task 3.4%; memcmp 3.1%; the egress JSON
+  2.6%; clock reads 2.4%; moka's upkeep 1.4%. Inside `decide` the hottest
+  instructions are loads that miss the CPU caches: the duplicate window's
+  scan (9% of `decide`), the message map's probe for the parent id (its
+  control bytes 8.6%, the key 7.9%), the count of the parent's thread id
+  `Arc` when it is cloned (6.4%), and an `Arc` released as an old entry
+  leaves (7.0%). Here each world is touched once in about 100,000
+  messages, so each of these goes to memory: that is most of what
+  (c1)/(b2) measures. A layout touching fewer cache lines per world (ids
+  held inline rather than behind `Arc<str>`, the window beside the map)
+  is what could lower it; not tried. Side by side at 17:48 UTC (the same
+  binary): (b2)/(b) 1.58-1.67 (median 1.62), (c1)/(b2) 2.62-2.74 (2.65),
+  (c1)/(b) 4.23-4.42 (4.33). Three runs of (c1) alone sustained 152k,
+  162k and 152k msg/s (perf sampling the second and third for part of
+  their steps); (b) was not run beside them.
 - **Every rule on, (c3)**: the contract's rules and loopguard's own five
   (benches/shared/optional_rules.toml), set so that they seldom reject;
   the loss is counted against what the contract's rules should approve,
