@@ -693,14 +693,22 @@ async fn hand_back(mut messages: pull::Stream) {
         return;
     }
     let mut handed_back = 0usize;
-    for m in &held {
-        match m.ack_with(AckKind::Nak(Some(HAND_BACK_DELAY))).await {
-            Ok(()) => handed_back += 1,
-            Err(e) => {
+    // Bounded: with the connection gone the client's queue can fill, and a
+    // shutdown or a reopen should not wait on it.
+    let nak_all = async {
+        for m in &held {
+            if let Err(e) = m.ack_with(AckKind::Nak(Some(HAND_BACK_DELAY))).await {
                 tracing::warn!(error = %e, "could not hand back a message; it comes back after ack_wait");
                 break;
             }
+            handed_back += 1;
         }
+    };
+    if tokio::time::timeout(HAND_BACK_DELAY, nak_all)
+        .await
+        .is_err()
+    {
+        tracing::warn!("handing back took too long; the rest come back after ack_wait");
     }
     tracing::info!(
         handed_back,
