@@ -221,10 +221,22 @@ async fn until_redelivered(js: &jetstream::Context) {
 /// Publishes messages `range` and waits for the ingest stream to confirm
 /// each: a message counts as sent once JetStream holds it.
 async fn publish_messages(js: &jetstream::Context, range: std::ops::Range<usize>) {
+    publish_each(js, range, |i| {
+        format!("chat.raw.w{}.agent.a{}", i % 5, i % 3)
+    })
+    .await;
+}
+
+/// [`publish_messages`], message `i` on subject `subject(i)`.
+async fn publish_each(
+    js: &jetstream::Context,
+    range: std::ops::Range<usize>,
+    subject: impl Fn(usize) -> String,
+) {
     let mut acks = Vec::new();
     for i in range {
         let body = json!({"content": format!("message {i}"), "id": format!("m{i}")});
-        let subject = format!("chat.raw.w{}.agent.a{}", i % 5, i % 3);
+        let subject = subject(i);
         acks.push(
             within("publish", js.publish(subject, body.to_string().into()))
                 .await
@@ -244,6 +256,21 @@ async fn publish_messages(js: &jetstream::Context, range: std::ops::Range<usize>
             .await
             .expect("stored by the ingest stream");
     }
+}
+
+/// Starts loopguard again and waits until the transcript's stream holds all
+/// `n` messages exactly once and every ingress message is acknowledged.
+async fn a_second_run_finishes_all(
+    nats: &NatsServer,
+    js: &jetstream::Context,
+    config: &str,
+    n: u64,
+) {
+    let second = Loopguard::spawn(&nats.url(), config);
+    until_ready(&second).await;
+    until_stream_holds(js, "EGRESS", n, &second).await;
+    until_ingest_acknowledged(js, &second).await;
+    assert_eq!(stream_messages(js, "EGRESS").await, n);
 }
 
 #[tokio::test]
@@ -599,11 +626,7 @@ async fn sigterm_under_load_leaves_the_rest_for_redelivery_and_exits_within_the_
         "the first run finished all {N} after SIGTERM, so nothing was left for redelivery"
     );
 
-    let second = Loopguard::spawn(&nats.url(), &config);
-    until_ready(&second).await;
-    until_stream_holds(&js, "EGRESS", N as u64, &second).await;
-    until_ingest_acknowledged(&js, &second).await;
-    assert_eq!(stream_messages(&js, "EGRESS").await, N as u64);
+    a_second_run_finishes_all(&nats, &js, &config, N as u64).await;
 }
 
 /// Messages the pull brought in but no worker took when SIGTERM came are
@@ -660,33 +683,11 @@ async fn sigterm_hands_back_what_no_worker_took_for_prompt_redelivery() {
     // message 4 and its queue 5 to 4100; the intake waits to hand it 4101,
     // just after the pull asked for 200 more (the client asks when no more
     // than 100 of what it asked for are still to come).
-    let mut acks = Vec::new();
-    for i in 0..N {
-        let (kind, name) = if (3..6).contains(&i) {
-            ("agent", "a1")
-        } else {
-            ("human", "h1")
-        };
-        let body = json!({"content": format!("message {i}"), "id": format!("m{i}")});
-        let subject = format!("chat.raw.w0.{kind}.{name}");
-        acks.push(
-            within("publish", js.publish(subject, body.to_string().into()))
-                .await
-                .unwrap(),
-        );
-        if acks.len() == 500 {
-            for ack in acks.drain(..) {
-                within("stream ack", ack.into_future())
-                    .await
-                    .expect("stored");
-            }
-        }
-    }
-    for ack in acks {
-        within("stream ack", ack.into_future())
-            .await
-            .expect("stored");
-    }
+    publish_each(&js, 0..N, |i| match i {
+        3..6 => "chat.raw.w0.agent.a1".to_owned(),
+        _ => "chat.raw.w0.human.h1".to_owned(),
+    })
+    .await;
     // The worker's queue is full, and the client holds much of the rest.
     within("the pull to deliver past the worker's queue", async {
         while ingest_consumer(&js).await.num_ack_pending < loopguard::ingest::WORKER_QUEUE + 250 {
@@ -721,11 +722,7 @@ async fn sigterm_hands_back_what_no_worker_took_for_prompt_redelivery() {
         "nothing was left"
     );
 
-    let second = Loopguard::spawn(&nats.url(), &config);
-    until_ready(&second).await;
-    until_stream_holds(&js, "EGRESS", N as u64, &second).await;
-    until_ingest_acknowledged(&js, &second).await;
-    assert_eq!(stream_messages(&js, "EGRESS").await, N as u64);
+    a_second_run_finishes_all(&nats, &js, &config, N as u64).await;
 }
 
 #[tokio::test]
