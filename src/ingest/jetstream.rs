@@ -671,10 +671,14 @@ pub async fn run<E: From<JetStreamError>>(
 /// messages the client already holds are taken without waiting, the pull is
 /// dropped (the server sends it nothing more), then each is nak'ed with
 /// [`HAND_BACK_DELAY`], so the server delivers it again a second later, not
-/// after `ack_wait`. A consumer that pulls after that gets them ahead of
-/// later messages, so a world's messages stay in order across a restart or
-/// a reopen. Messages still on their way when the pull is dropped come back
-/// after `ack_wait`, as do those of a nak the server does not get.
+/// after `ack_wait`. A pull that starts after that second gets them ahead
+/// of later messages, so a world's messages stay in order across a restart
+/// (a pull already running elsewhere, or a reopen within the second, can
+/// get later ones first). Messages still on their way when the pull is
+/// dropped come back after `ack_wait`, as do those of a nak the server does
+/// not get. With more than one runtime thread, taking the held messages can
+/// let the pull ask for a batch before it is dropped, which the server may
+/// send to the dropped pull: that batch too comes back after `ack_wait`.
 async fn hand_back(mut messages: pull::Stream) {
     let (mut held, mut errors) = (Vec::new(), 0);
     loop {
