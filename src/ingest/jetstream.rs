@@ -697,9 +697,9 @@ async fn hand_back(mut messages: pull::Stream) {
         return;
     }
     let mut handed_back = 0usize;
-    // Within the delay: with the connection gone the client's queue can
-    // fill, and a shutdown or a reopen should not wait on it; and a nak sent
-    // later would come back after the first ones' redeliveries, out of order.
+    // Bounded (by the same second, short against the grace period): with
+    // the connection gone the client's queue can fill, and a shutdown or a
+    // reopen should not wait on it.
     let nak_all = async {
         for m in &held {
             if let Err(e) = m.ack_with(AckKind::Nak(Some(HAND_BACK_DELAY))).await {
