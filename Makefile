@@ -92,16 +92,17 @@ release: deps
 
 # The relay benchmark (loopguard beside its baselines, loopguard as `make
 # release` builds it), the criterion micro-benchmarks (plain release build),
-# memory per idle world and resident memory under a flood of unique worlds
-# (`make memory` at the relay workload's 100,000 worlds); kept in
-# docs/benchmarks.md.
+# memory per idle world, resident memory under a flood of unique worlds
+# (`make memory` at the relay workload's 100,000 worlds) and what the policy
+# hook costs other worlds; kept in docs/benchmarks.md.
 bench: deps release
 	$(CARGO) build --release --bin loopguard --example bare_relay --example copy_relay
 	LOOPGUARD_BIN=target/pgo/loopguard $(CARGO) bench --bench relay | tee target/bench-relay.md
 	$(CARGO) bench --bench decision -- --warm-up-time 1 --measurement-time 3 | tee target/bench-decision.txt
 	$(CARGO) bench --bench state_memory | tee target/bench-state-memory.md
 	MAX_WORLDS=100000 scripts/memory.sh | tee target/bench-flood.md
-	scripts/bench_report.sh target/bench-relay.md target/bench-decision.txt target/bench-state-memory.md target/bench-flood.md > docs/benchmarks.md
+	LOOPGUARD_BIN=target/pgo/loopguard $(CARGO) bench --bench policy | tee target/bench-policy.md
+	scripts/bench_report.sh target/bench-relay.md target/bench-decision.txt target/bench-state-memory.md target/bench-flood.md target/bench-policy.md > docs/benchmarks.md
 
 # Resident memory under floods of unique worlds, agents, threads, contents.
 memory: deps

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Writes docs/benchmarks.md from the outputs of `make bench`.
 set -euo pipefail
-relay=$1 decision=$2 memory=$3 flood=$4
+relay=$1 decision=$2 memory=$3 flood=$4 policy=$5
 cat <<HEAD
 # Benchmarks
 
@@ -486,4 +486,25 @@ until its 1,024th message: bounded by `max_worlds` alone they grew to 526
 MiB resident within 600,000 messages and on (a probe of 2026-11-22,
 before `state.max_bytes`); now the byte bound evicts worlds and resident
 memory levels off.
+NOTES
+echo
+cat "$policy"
+cat <<'NOTES'
+
+`cargo bench --bench policy` (benches/policy.rs): a fresh loopguard for
+each set-up, with its default two workers. A world's four agent messages
+each wait for the answer about the one before, so with the 20 ms service
+no world's last message can come out before 80 ms: (p2)'s latencies are
+mostly that wait, and its rate is what 400 worlds at that pace allow.
+
+- **Before and after the worker stopped waiting.** Until 2026-11-22 a
+  worker awaited each policy answer, so one request held every world of
+  that worker. The same benchmark, plain release builds, one after the
+  other on 2026-11-22 (18:06 UTC the old code, 18:12 UTC the new):
+  (p0) 94,251 and 94,047 agent messages a second; (p1), a service that
+  answers at once, 1,313 → 37,751 (p99 1,221 → 47 ms); (p2), 20 ms, 86 →
+  13,354 (p99 18,292 → 119 ms). Now a worker sends a world's request and
+  goes on with other worlds, holding back only that world's later
+  messages: at most 256 requests in flight and 1,024 messages held back a
+  worker, past which it takes no more until answers come.
 NOTES

@@ -438,6 +438,7 @@ impl Judge {
             }
             if let Some(name) = &d.world {
                 self.worlds.weigh(name, &world, &w);
+                self.worlds.keep(name, &world);
             }
         }
         self.report(&mut d, &settings);

@@ -1314,6 +1314,16 @@ impl Worlds {
         }
     }
 
+    /// Puts `world` back in the cache if it was evicted while in use: after
+    /// a message of it waited for the policy service, during which nothing
+    /// else of the world was decided (so no newer state of it exists), and
+    /// its commit would otherwise be lost with it.
+    pub fn keep(&self, name: &Name, world: &WorldHandle) {
+        if !self.cache.contains_key(name) {
+            self.cache.insert(name.clone(), world.clone());
+        }
+    }
+
     /// Calls `f` for every world held.
     pub fn for_each(&self, mut f: impl FnMut(&Name, &WorldHandle)) {
         for (name, handle) in self.cache.iter() {
@@ -1826,6 +1836,30 @@ mod tests {
         }
         assert_eq!(worlds.len(), 3);
         assert!(worlds.get(&name("w0")).is_none());
+    }
+
+    #[test]
+    fn a_world_evicted_while_in_use_is_kept() {
+        let mut config = crate::config::Config::default();
+        config.state.max_worlds = 1;
+        let settings = config.validate().unwrap();
+        let worlds = Worlds::new(&settings);
+        let now = Instant::now();
+        let waiting = worlds.get_or_create(&name("waiting"), &settings.default_world, now);
+        lock(&waiting).turns = 3;
+        let other = worlds.get_or_create(&name("other"), &settings.default_world, now);
+        assert_eq!(worlds.len(), 1);
+        assert!(worlds.get(&name("waiting")).is_none(), "evicted");
+        worlds.keep(&name("waiting"), &waiting);
+        let held = worlds.get(&name("waiting")).expect("back in the cache");
+        assert!(Arc::ptr_eq(&held, &waiting));
+        assert_eq!(lock(&held).turns, 3);
+        // A world held is left as it is.
+        worlds.keep(&name("waiting"), &other);
+        assert!(Arc::ptr_eq(
+            &worlds.get(&name("waiting")).unwrap(),
+            &waiting
+        ));
     }
 
     /// What `remembered_bytes` should be: counted from the messages held.

@@ -633,12 +633,16 @@ async fn sigterm_under_load_leaves_the_rest_for_redelivery_and_exits_within_the_
 /// handed back (nak'ed), so the next run gets them within seconds, not after
 /// `ack_wait` (two minutes here, past the test's wait). The intake is held
 /// by a policy service that answers only after the signal: the world's
-/// worker waits on an agent's message, its queue fills, and the pull's next
-/// messages stay in the client: about 300 of them, more than a task's
-/// cooperative budget (128), which once cut the hand-back short.
+/// messages wait behind an agent's, until the worker holds as many as it
+/// may; its queue fills, and the pull's next messages stay in the client:
+/// about 300 of them, more than a task's cooperative budget (128), which
+/// once cut the hand-back short.
 #[tokio::test]
 async fn sigterm_hands_back_what_no_worker_took_for_prompt_redelivery() {
-    const N: usize = loopguard::ingest::WORKER_QUEUE + 1000;
+    // What the worker holds back behind the world's policy request, then
+    // its queue.
+    const TAKEN: usize = loopguard::ingest::MAX_PARKED + loopguard::ingest::WORKER_QUEUE;
+    const N: usize = TAKEN + 1000;
     let nats = NatsServer::start_jetstream();
     let (client, js) = connect(&nats).await;
     egress_stream(&js).await;
@@ -677,10 +681,11 @@ async fn sigterm_hands_back_what_no_worker_took_for_prompt_redelivery() {
     let mut first = Loopguard::spawn(&nats.url(), &config);
     until_ready(&first).await;
     // One world, so one worker: three humans' messages (the policy is not
-    // asked about those), then three agents' that each hold the worker until
+    // asked about those), then three agents' that each hold the world until
     // the policy answers (three, so that a slow machine running out one
-    // 10 s timeout still holds it), then humans' again. The worker holds
-    // message 4 and its queue 5 to 4100; the intake waits to hand it 4101,
+    // 10 s timeout still holds it), then humans' again. The worker asks
+    // about message 4 and holds back 5 to 1028 behind it, then takes no
+    // more: its queue holds 1029 to 5124; the intake waits to hand it 5125,
     // just after the pull asked for 200 more (the client asks when no more
     // than 100 of what it asked for are still to come).
     publish_each(&js, 0..N, |i| match i {
@@ -690,7 +695,7 @@ async fn sigterm_hands_back_what_no_worker_took_for_prompt_redelivery() {
     .await;
     // The worker's queue is full, and the client holds much of the rest.
     within("the pull to deliver past the worker's queue", async {
-        while ingest_consumer(&js).await.num_ack_pending < loopguard::ingest::WORKER_QUEUE + 250 {
+        while ingest_consumer(&js).await.num_ack_pending < TAKEN + 250 {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })

@@ -453,3 +453,81 @@ async fn a_message_the_policy_rejects_changes_nothing_in_its_world() {
         "the rejected message took no turn"
     );
 }
+
+/// A message waiting for the policy service holds back its own world's
+/// later messages, in order, and no other world's. Sixteen other worlds
+/// (some of them on the waiting world's worker, which once held them all
+/// until the answer came) are decided while it waits.
+#[tokio::test]
+async fn a_world_waiting_for_the_policy_holds_back_only_its_own_messages() {
+    use futures::StreamExt;
+    let mut h = Harness::start(&format!(
+        "{BASE}[rules.policy]\nsubject = \"policy.gate\"\ntimeout_ms = 10000\n"
+    ))
+    .await;
+    // Approves at once, except a content with "slow": that waits for `open`.
+    let mut requests = h.client.subscribe("policy.gate").await.unwrap();
+    h.client.flush().await.unwrap();
+    let (open, mut opened) = tokio::sync::oneshot::channel::<()>();
+    let answering = h.client.clone();
+    tokio::spawn(async move {
+        let approve = || json!({"decision": "approve"}).to_string().into();
+        let mut held = None;
+        loop {
+            tokio::select! {
+                _ = &mut opened, if held.is_some() => {
+                    if let Some(reply) = held.take() {
+                        answering.publish(reply, approve()).await.unwrap();
+                    }
+                }
+                m = requests.next() => {
+                    let Some(m) = m else { break };
+                    let body: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+                    let reply = m.reply.unwrap();
+                    if body["content"].as_str().unwrap().contains("slow") {
+                        held = Some(reply);
+                    } else {
+                        answering.publish(reply, approve()).await.unwrap();
+                    }
+                }
+            }
+        }
+    });
+
+    h.send_json("held", "agent", "alice", msg("a slow answer"))
+        .await;
+    h.send_json("held", "human", "hank", msg("a human meanwhile"))
+        .await;
+    h.send_json("held", "agent", "bob", msg("a later answer"))
+        .await;
+    let free: Vec<String> = (0..16).map(|i| format!("free{i}")).collect();
+    for world in &free {
+        h.send_json(world, "agent", "alice", msg("a quick answer"))
+            .await;
+    }
+    let mut meanwhile = Vec::new();
+    for world in &free {
+        meanwhile.extend(h.settle(world).await.0);
+    }
+    for world in &free {
+        let subject = format!("chat.public.{world}");
+        assert!(
+            meanwhile.iter().any(|r| r.subject == subject),
+            "{world} was not delivered while another world waited"
+        );
+    }
+    assert!(
+        meanwhile.iter().all(|r| !r.subject.ends_with(".held")),
+        "the waiting world published before its answer came: {meanwhile:#?}"
+    );
+
+    open.send(()).unwrap();
+    let out = h.settle("held").await;
+    let senders: Vec<&str> = out.public("held").iter().map(|r| r.str("sender")).collect();
+    assert_eq!(senders, ["alice", "hank", "bob"], "in the order they came");
+    assert_eq!(
+        out.field("held", "reason")[0],
+        json!("passed every rule"),
+        "approved by the service, not by a timeout"
+    );
+}

@@ -8,22 +8,29 @@
 //! that captures it).
 //!
 //! Ordering: every message of a world goes to the same worker (chosen by a
-//! hash of the world name), and a worker decides and publishes its messages
-//! one at a time, in the order they arrived. Different worlds proceed in
-//! parallel on different workers.
+//! hash of the world name), and a worker decides and publishes a world's
+//! messages one at a time, in the order they arrived: a message waiting for
+//! the policy service holds back the later ones of its world, and only
+//! those. Different worlds proceed in parallel on different workers, and
+//! on one worker past a world that waits.
 
 pub mod core;
 pub mod jetstream;
 
+use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use async_nats::Message;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 
 use crate::envelope::FallbackId;
-use crate::judge::{Judge, Outbound};
+use crate::judge::{Decision, Judge, Outbound, PolicyCheck, PolicyOutcome};
+use crate::names::Name;
 use crate::publish::{Answer, Publisher};
 use crate::subject::{Origin, Subjects};
 
@@ -31,8 +38,17 @@ use crate::subject::{Origin, Subjects};
 /// subscription buffer is full too, NATS reports a slow consumer).
 pub const WORKER_QUEUE: usize = 4096;
 
+/// Policy requests a worker has in flight at most: each for a different
+/// world (a world's next message waits for its answer).
+pub const MAX_ASKING: usize = 256;
+
+/// Messages a worker holds back at most behind their worlds' policy
+/// requests. Past either bound it takes nothing new until answers come.
+pub const MAX_PARKED: usize = 1024;
+
 /// JetStream acknowledgements a worker holds before it confirms their
-/// outputs and sends them; it also does so whenever its queue runs empty.
+/// outputs and sends them; it also does so whenever it has nothing to
+/// decide (its queue empty, or it waits only for policy answers).
 pub const ACK_BATCH: usize = 256;
 
 /// Streams' answers to copies (`egress_acks`) a worker awaits at most; past
@@ -75,7 +91,8 @@ pub struct Dispatcher {
 impl Dispatcher {
     /// Spawns `n` workers sharing `judge` and `publisher`; returns the
     /// dispatcher and the workers' handles, which end once the dispatcher is
-    /// dropped and their queues are empty. `replay` is the JetStream mode's
+    /// dropped, their queues are empty and no policy answer is awaited.
+    /// `replay` is the JetStream mode's
     /// memory of decisions not yet acknowledged.
     pub fn spawn(
         n: usize,
@@ -89,15 +106,12 @@ impl Dispatcher {
         for _ in 0..n.max(1) {
             let (tx, rx) = mpsc::channel(WORKER_QUEUE);
             workers.push(tx);
-            let worker = Worker {
-                judge: judge.clone(),
-                publisher: publisher.clone(),
-                replay: replay.clone(),
-                acks: Vec::new(),
-                answers: Vec::new(),
-                batch_connects: 0,
-                queued: queued.clone(),
-            };
+            let worker = Worker::new(
+                judge.clone(),
+                publisher.clone(),
+                replay.clone(),
+                queued.clone(),
+            );
             handles.push(tokio::spawn(worker.run(rx)));
         }
         let dispatcher = Dispatcher {
@@ -128,7 +142,9 @@ impl Dispatcher {
     }
 }
 
-/// Decides and publishes one queue, in order.
+/// Decides and publishes one queue: each world's messages in the order they
+/// arrived. A message waiting for the policy service holds back its own
+/// world's later messages only; the worker goes on with the other worlds.
 struct Worker {
     judge: Arc<Judge>,
     publisher: Publisher,
@@ -141,13 +157,76 @@ struct Worker {
     batch_connects: u64,
     /// Messages queued at all workers (the dispatcher's count).
     queued: Arc<AtomicUsize>,
+    /// Policy requests in flight: one per world in `parked`.
+    asking: FuturesUnordered<BoxFuture<'static, Asked>>,
+    /// Worlds with a message waiting for the policy service, each with the
+    /// messages that came for it since, in order.
+    parked: HashMap<Name, VecDeque<Work>>,
+    /// Messages in `parked`'s queues.
+    parked_len: usize,
+}
+
+/// A message whose decision waits for the policy service.
+struct Asked {
+    decision: Box<Decision>,
+    check: PolicyCheck,
+    delivery: Option<Delivery>,
+    /// What the service said, and how long it took.
+    outcome: PolicyOutcome,
+    took: std::time::Duration,
+}
+
+/// A decision: final, or waiting for the policy service.
+enum Decided {
+    Now(Vec<Outbound>),
+    Asking(Box<Decision>, PolicyCheck),
 }
 
 impl Worker {
+    fn new(
+        judge: Arc<Judge>,
+        publisher: Publisher,
+        replay: Option<jetstream::Replay>,
+        queued: Arc<AtomicUsize>,
+    ) -> Worker {
+        Worker {
+            judge,
+            publisher,
+            replay,
+            acks: Vec::new(),
+            answers: Vec::new(),
+            batch_connects: 0,
+            queued,
+            asking: FuturesUnordered::new(),
+            parked: HashMap::new(),
+            parked_len: 0,
+        }
+    }
+
     async fn run(mut self, mut rx: mpsc::Receiver<Work>) {
+        // Until the dispatcher is gone; then until no answer is awaited.
+        let mut open = true;
         loop {
-            let work = match rx.try_recv() {
+            // Answers already in first: each frees its world.
+            while !self.asking.is_empty() {
+                match self.asking.next().now_or_never() {
+                    Some(Some(asked)) => self.answered(asked).await,
+                    _ => break,
+                }
+            }
+            // Past its bounds, the worker takes nothing new until answers
+            // come: its queue fills, and the intake waits for it.
+            let room = self.asking.len() < MAX_ASKING && self.parked_len < MAX_PARKED;
+            let next = match open && room {
+                true => rx.try_recv(),
+                false => Err(mpsc::error::TryRecvError::Empty),
+            };
+            let work = match next {
                 Ok(work) => work,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    open = false;
+                    continue;
+                }
                 Err(mpsc::error::TryRecvError::Empty) => {
                     // Idle: make what was published durable before waiting.
                     self.settle_acks().await;
@@ -157,23 +236,45 @@ impl Worker {
                     if self.queued.load(Ordering::Relaxed) == 0 {
                         self.judge.upkeep();
                     }
-                    match rx.recv().await {
-                        Some(work) => work,
-                        None => break,
+                    tokio::select! {
+                        Some(asked) = self.asking.next(), if !self.asking.is_empty() => {
+                            self.answered(asked).await;
+                            continue;
+                        }
+                        work = rx.recv(), if open && room => match work {
+                            Some(work) => work,
+                            None => {
+                                open = false;
+                                continue;
+                            }
+                        },
+                        // Nothing awaited, and nothing more will come.
+                        else => break,
                     }
                 }
-                Err(mpsc::error::TryRecvError::Disconnected) => break,
             };
             self.queued.fetch_sub(1, Ordering::Relaxed);
             self.handle(work).await;
-            if self.acks.len() >= ACK_BATCH || self.answers.len() >= ANSWER_BATCH {
-                self.settle_acks().await;
-            }
         }
         self.settle_acks().await;
     }
 
-    async fn handle(
+    /// Decides one message, or parks it behind its world's message that
+    /// waits for the policy service.
+    async fn handle(&mut self, work: Work) {
+        if !self.parked.is_empty() {
+            if let Some(waiting) = work.origin.world().and_then(|w| self.parked.get_mut(w)) {
+                waiting.push_back(work);
+                self.parked_len += 1;
+                return;
+            }
+        }
+        self.process(work).await;
+    }
+
+    /// Decides one message and publishes its outputs, or sends its policy
+    /// request.
+    async fn process(
         &mut self,
         Work {
             origin,
@@ -183,12 +284,7 @@ impl Worker {
     ) {
         #[cfg(debug_assertions)]
         fault::panic_on_world(&origin);
-        if delivery.is_some() && self.acks.is_empty() {
-            // A new batch: remember the connection it is published on.
-            self.batch_connects = self.publisher.connects();
-        }
-        let replay = self.replay.clone(); // a handle: `decide` borrows self mutably
-        let (mut sent, mut flush) = (true, false);
+        let replay = self.replay.clone(); // a handle: `publish` borrows self mutably
         match (&delivery, &replay) {
             (Some(d), Some(replay)) => {
                 let earlier = match d.seen {
@@ -196,32 +292,45 @@ impl Worker {
                     jetstream::Seen::Redelivered => replay.get(d.key),
                     jetstream::Seen::Reread => replay.unacknowledged(d.key),
                 };
-                let outbound = match earlier {
-                    // Redelivered while its first outputs may still be in
-                    // flight: send exactly those again (same ids).
-                    Some(outbound) => outbound,
-                    None => {
-                        let outbound: Arc<[Outbound]> = self
-                            .decide(origin, &message, Some(&d.stable_id))
-                            .await
-                            .into();
+                // Redelivered while its first outputs may still be in
+                // flight: send exactly those again (same ids).
+                if let Some(outbound) = earlier {
+                    return self.publish(outbound.iter().cloned(), delivery).await;
+                }
+                match self.decide(origin, &message, Some(&d.stable_id)) {
+                    Decided::Now(outbound) => {
+                        let outbound: Arc<[Outbound]> = outbound.into();
                         replay.insert(d.key, outbound.clone());
-                        outbound
+                        self.publish(outbound.iter().cloned(), delivery).await;
                     }
-                };
-                for out in outbound.iter() {
-                    if !self.send(out.clone(), &mut flush).await {
-                        // Redelivered anyway: the rest would wait in vain.
-                        sent = false;
-                        break;
-                    }
+                    Decided::Asking(decision, check) => self.ask(decision, check, delivery),
                 }
             }
             // At most once: nothing to replay, so the copies move out.
-            _ => {
-                for out in self.decide(origin, &message, None).await {
-                    let _ = self.send(out, &mut flush).await;
-                }
+            _ => match self.decide(origin, &message, None) {
+                Decided::Now(outbound) => self.publish(outbound, delivery).await,
+                Decided::Asking(decision, check) => self.ask(decision, check, delivery),
+            },
+        }
+    }
+
+    /// Publishes one message's outputs, in order; a JetStream message then
+    /// waits for its acknowledgement, which goes out with its batch.
+    async fn publish(
+        &mut self,
+        outputs: impl IntoIterator<Item = Outbound>,
+        delivery: Option<Delivery>,
+    ) {
+        if delivery.is_some() && self.acks.is_empty() {
+            // A new batch: remember the connection it is published on.
+            self.batch_connects = self.publisher.connects();
+        }
+        let (mut sent, mut flush) = (true, false);
+        for out in outputs {
+            if !self.send(out, &mut flush).await && delivery.is_some() {
+                // Redelivered anyway: the rest would wait in vain.
+                sent = false;
+                break;
             }
         }
         if let Some(d) = delivery {
@@ -232,6 +341,9 @@ impl Worker {
                 flush,
                 answers_end: self.answers.len(),
             });
+            if self.acks.len() >= ACK_BATCH || self.answers.len() >= ANSWER_BATCH {
+                self.settle_acks().await;
+            }
         }
     }
 
@@ -256,15 +368,10 @@ impl Worker {
         }
     }
 
-    /// Decides one message; when the policy hook is configured and the
-    /// cheap rules approved, asks the policy service first. The worker waits
-    /// for the answer, so its worlds stay in order.
-    async fn decide(
-        &mut self,
-        origin: Origin,
-        message: &Message,
-        stable_id: Option<&str>,
-    ) -> Vec<Outbound> {
+    /// Decides one message: its outputs, or, when the policy hook is
+    /// configured and the cheap rules approved, the question for the
+    /// policy service.
+    fn decide(&self, origin: Origin, message: &Message, stable_id: Option<&str>) -> Decided {
         let fallback = FallbackId {
             header: message
                 .headers
@@ -275,22 +382,74 @@ impl Worker {
                 .filter(|id| !id.is_empty()),
             stable: stable_id,
         };
-        let Some(mut decision) = self.judge.decide(origin, &message.payload, fallback) else {
-            return Vec::new();
-        };
-        if let Some(check) = decision.policy.take() {
-            // Acknowledge what is already published before a possibly slow
-            // request, so no acknowledgement waits past `ack_wait`.
-            self.settle_acks().await;
-            let started = std::time::Instant::now();
-            let outcome = self.publisher.ask_policy(&check).await;
-            self.judge
-                .metrics()
-                .policy_duration
-                .observe(started.elapsed().as_secs_f64());
-            decision = self.judge.finish(decision, check, outcome);
+        match self.judge.decide(origin, &message.payload, fallback) {
+            None => Decided::Now(Vec::new()),
+            Some(mut decision) => match decision.policy.take() {
+                Some(check) => Decided::Asking(Box::new(decision), check),
+                None => Decided::Now(decision.outbound),
+            },
         }
-        decision.outbound
+    }
+
+    /// Sends a message's policy request; its world's later messages wait
+    /// for the answer (see [`Worker::answered`]), so nothing of the world
+    /// is decided before this message's effects are recorded.
+    fn ask(&mut self, decision: Box<Decision>, check: PolicyCheck, delivery: Option<Delivery>) {
+        if let Some(world) = &decision.world {
+            self.parked.entry(world.clone()).or_default();
+        }
+        let publisher = self.publisher.clone();
+        self.asking.push(Box::pin(async move {
+            let started = std::time::Instant::now();
+            let outcome = publisher.ask_policy(&check).await;
+            Asked {
+                decision,
+                check,
+                delivery,
+                outcome,
+                took: started.elapsed(),
+            }
+        }));
+    }
+
+    /// Follows the policy service's answer: publishes the message's outputs,
+    /// then decides the messages its world held back, in order, until one
+    /// of them asks again.
+    async fn answered(
+        &mut self,
+        Asked {
+            decision,
+            check,
+            delivery,
+            outcome,
+            took,
+        }: Asked,
+    ) {
+        let metrics = self.judge.metrics();
+        metrics.policy_duration.observe(took.as_secs_f64());
+        let world = decision.world.clone();
+        let decision = self.judge.finish(*decision, check, outcome);
+        match (&delivery, &self.replay) {
+            (Some(d), Some(replay)) => {
+                let outbound: Arc<[Outbound]> = decision.outbound.into();
+                replay.insert(d.key, outbound.clone());
+                self.publish(outbound.iter().cloned(), delivery).await;
+            }
+            _ => self.publish(decision.outbound, delivery).await,
+        }
+        let Some(mut waiting) = world.and_then(|w| self.parked.remove_entry(&w)) else {
+            return;
+        };
+        while let Some(work) = waiting.1.pop_front() {
+            self.parked_len -= 1;
+            self.process(work).await;
+            if let Some(again) = self.parked.get_mut(&waiting.0) {
+                // It asked: the rest wait for that answer (still counted
+                // in `parked_len`).
+                again.append(&mut waiting.1);
+                return;
+            }
+        }
     }
 
     /// Acknowledges the messages whose outputs are confirmed: an
@@ -332,8 +491,7 @@ impl Worker {
                 Err(e) => tracing::warn!(error = %e, "ack failed; the message will be redelivered"),
             }
         }
-        // The next batch starts here, also when a policy call settled this
-        // one in the middle of a message.
+        // The next batch starts here.
         self.batch_connects = self.publisher.connects();
         if left > 0 && flushed {
             tracing::info!(
@@ -347,8 +505,9 @@ impl Worker {
     /// reached the server, over the connection it was published on. The
     /// flush is a round trip (the patched client's PING and PONG,
     /// vendor/async-nats/PATCH.md): the server has read every earlier
-    /// publish on this connection when it answers.
-    async fn flushed(&self) -> bool {
+    /// publish on this connection when it answers. (`&mut`: the worker is
+    /// `Send`, not `Sync`, as its policy requests are.)
+    async fn flushed(&mut self) -> bool {
         if let Err(e) = self.publisher.flush().await {
             tracing::warn!(error = %e, pending = self.acks.len(), "flush failed; leaving messages for redelivery");
             return false;
