@@ -8,8 +8,9 @@
 
 use crate::config::Config;
 use crate::json;
-use crate::judge::{Decision, Outbound};
+use crate::judge::{copy_id, message_key, Decision, Outbound};
 use crate::metrics::{Metrics, Outcome};
+use crate::names::Name;
 use crate::rules::RuleName;
 use crate::subject::{SenderKind, Subjects};
 
@@ -92,8 +93,30 @@ pub fn report(
     }
     Some(Outbound {
         subject: subjects.events(world_name),
-        msg_id: None,
+        msg_id: Some(event_id(d, world_name)),
         payload: event.finish(),
         delivery: None,
     })
+}
+
+/// The event's `Nats-Msg-Id`: the message's key and `event`, so an events
+/// stream drops an event published again (a JetStream message processed
+/// again) as an egress stream drops the copies. Taken from a copy's where
+/// the decision has one (no second hash on the hot path).
+fn event_id(d: &Decision, world: &Name) -> String {
+    let copied = d
+        .outbound
+        .iter()
+        .find_map(|o| Some(o.msg_id.as_deref()?.split_once(':')?.0));
+    match copied {
+        Some(key) => copy_id(key, "event"),
+        None => {
+            let kind = d.kind.map_or("", SenderKind::as_str);
+            let mut key = uuid::Uuid::encode_buffer();
+            let key = message_key(world, kind, &d.sender, &d.id)
+                .hyphenated()
+                .encode_lower(&mut key);
+            copy_id(key, "event")
+        }
+    }
 }

@@ -706,7 +706,7 @@ impl Judge {
                 .to_mut()
                 .push_str("; a hand-back notice went to the public transcript");
             let mut key = uuid::Uuid::encode_buffer();
-            let key = message_key(world, SenderKind::Agent, &d.sender, &d.id)
+            let key = message_key(world, SenderKind::Agent.as_str(), &d.sender, &d.id)
                 .hyphenated()
                 .encode_lower(&mut key);
             let notice_id = copy_id(key, "notice");
@@ -768,7 +768,7 @@ impl Judge {
         // One name-based UUID per message, written out once on the stack;
         // each copy adds its destination.
         let mut key = uuid::Uuid::encode_buffer();
-        let key = message_key(world, kind, &d.sender, &d.id)
+        let key = message_key(world, kind.as_str(), &d.sender, &d.id)
             .hyphenated()
             .encode_lower(&mut key);
         let copies = route.inboxes.len() + usize::from(route.public);
@@ -863,12 +863,12 @@ fn rejected_id(fallback: FallbackId<'_>, max_payload_bytes: usize) -> String {
 /// What identifies one ingress message across processes: a name-based UUID
 /// of its world, sender and id (hashed, so no byte of a client-chosen id
 /// reaches a header).
-fn message_key(world: &Name, kind: SenderKind, sender: &str, id: &str) -> uuid::Uuid {
+pub(crate) fn message_key(world: &Name, kind: &str, sender: &str, id: &str) -> uuid::Uuid {
     use sha1::Digest;
     // Uuid::new_v5, hashed part by part (no joined copy) with the `sha1`
     // crate, which uses the CPU's SHA extensions where it has them.
     let mut sha = sha1::Sha1::new_with_prefix(MSG_ID_NAMESPACE.as_bytes());
-    for part in [world.as_str(), kind.as_str(), sender, id] {
+    for part in [world.as_str(), kind, sender, id] {
         sha.update(part.as_bytes());
         sha.update([0]);
     }
@@ -879,8 +879,9 @@ fn message_key(world: &Name, kind: SenderKind, sender: &str, id: &str) -> uuid::
 }
 
 /// The `Nats-Msg-Id` of one copy: the message key and the destination
-/// (`public`, `private.<agent>`, `notice`), unique per copy and stable.
-fn copy_id(key: &str, dest: &str) -> String {
+/// (`public`, `private.<agent>`, `notice`, `event`), unique per copy and
+/// stable.
+pub(crate) fn copy_id(key: &str, dest: &str) -> String {
     let mut id = String::with_capacity(key.len() + 1 + dest.len());
     id.push_str(key);
     id.push(':');
@@ -1033,7 +1034,7 @@ mod tests {
         ] {
             let joined = format!("w1\0{}\0{sender}\0{id}\0", kind.as_str());
             let expected = uuid::Uuid::new_v5(&MSG_ID_NAMESPACE, joined.as_bytes());
-            let key = message_key(&world, kind, sender, &id);
+            let key = message_key(&world, kind.as_str(), sender, &id);
             assert_eq!(key, expected);
             assert_eq!(
                 copy_id(&key.hyphenated().to_string(), "private.bob"),

@@ -275,6 +275,42 @@ async fn msg_ids_are_unique_per_copy_and_stable_when_a_message_is_processed_agai
     assert_eq!(a, b, "same ingress message, same Nats-Msg-Ids");
 }
 
+/// An event's `Nats-Msg-Id` is its message's key and `event`: unique beside
+/// the copies', stable when the message is processed again, and there for
+/// a rejected message, which has no copies.
+#[tokio::test]
+async fn events_carry_a_stable_msg_id_of_their_own() {
+    let mut h = Harness::start(LOBBY).await;
+    let payload = json!({"content": "hello all", "id": "same"});
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        h.send_json("lobby", "human", "hank", payload.clone()).await;
+        runs.push(h.settle("lobby").await);
+    }
+    let event_id = |o: &support::Outputs| o.event("lobby").msg_id.clone().unwrap();
+    let first = event_id(&runs[0]);
+    assert_eq!(first, event_id(&runs[1]), "stable");
+    let public = runs[0].public("lobby")[0].msg_id.clone().unwrap();
+    let key = public.strip_suffix(":public").unwrap();
+    assert_eq!(first, format!("{key}:event"));
+
+    // Rejected (no content): no copies, an id all the same.
+    for _ in 0..2 {
+        h.send_json("lobby", "agent", "alice", json!({"topic": "none"}))
+            .await;
+    }
+    let out = h.settle("lobby").await;
+    let events = out.events("lobby");
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[1].body["rule"], "invalid");
+    let ids: Vec<&str> = events
+        .iter()
+        .map(|e| e.msg_id.as_deref().unwrap())
+        .collect();
+    assert!(ids.iter().all(|id| id.ends_with(":event")), "{ids:?}");
+    assert_ne!(ids[0], ids[1], "one per message");
+}
+
 #[tokio::test]
 async fn a_nats_msg_id_header_is_the_id_when_the_json_has_none() {
     let mut h = Harness::start(LOBBY).await;
