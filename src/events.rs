@@ -99,24 +99,34 @@ pub fn report(
     })
 }
 
-/// The event's `Nats-Msg-Id`: the message's key and `event`, so an events
-/// stream drops an event published again (a JetStream message processed
-/// again) as an egress stream drops the copies. Taken from a copy's where
-/// the decision has one (no second hash on the hot path).
+/// The event's `Nats-Msg-Id`: the message's key, `event` and the decision
+/// (`event.approved`, `event.rejected.duplicate`...), so an events stream
+/// drops an event published again (a JetStream message processed again)
+/// as an egress stream drops the copies, but keeps a different decision
+/// about the same id (a client's resent message rejected as a duplicate).
+/// The key is taken from a copy's id where the decision has one (no second
+/// hash on the hot path).
 fn event_id(d: &Decision, world: &Name) -> String {
+    let mut dest = String::with_capacity(32);
+    dest.push_str("event.");
+    dest.push_str(d.outcome.as_str());
+    if let Some(rule) = d.rule {
+        dest.push('.');
+        dest.push_str(rule.as_str());
+    }
     let copied = d
         .outbound
         .iter()
         .find_map(|o| Some(o.msg_id.as_deref()?.split_once(':')?.0));
     match copied {
-        Some(key) => copy_id(key, "event"),
+        Some(key) => copy_id(key, &dest),
         None => {
             let kind = d.kind.map_or("", SenderKind::as_str);
             let mut key = uuid::Uuid::encode_buffer();
             let key = message_key(world, kind, &d.sender, &d.id)
                 .hyphenated()
                 .encode_lower(&mut key);
-            copy_id(key, "event")
+            copy_id(key, &dest)
         }
     }
 }

@@ -275,9 +275,10 @@ async fn msg_ids_are_unique_per_copy_and_stable_when_a_message_is_processed_agai
     assert_eq!(a, b, "same ingress message, same Nats-Msg-Ids");
 }
 
-/// An event's `Nats-Msg-Id` is its message's key and `event`: unique beside
-/// the copies', stable when the message is processed again, and there for
-/// a rejected message, which has no copies.
+/// An event's `Nats-Msg-Id` is its message's key, `event` and the decision:
+/// unique beside the copies', stable when the message is processed again
+/// to the same decision, and there for a rejected message, which has no
+/// copies.
 #[tokio::test]
 async fn events_carry_a_stable_msg_id_of_their_own() {
     let mut h = Harness::start(LOBBY).await;
@@ -292,9 +293,9 @@ async fn events_carry_a_stable_msg_id_of_their_own() {
     assert_eq!(first, event_id(&runs[1]), "stable");
     let public = runs[0].public("lobby")[0].msg_id.clone().unwrap();
     let key = public.strip_suffix(":public").unwrap();
-    assert_eq!(first, format!("{key}:event"));
+    assert_eq!(first, format!("{key}:event.approved"));
 
-    // Rejected (no content): no copies, an id all the same.
+    // Rejected (no content): no copies, yet an id, one per message.
     for _ in 0..2 {
         h.send_json("lobby", "agent", "alice", json!({"topic": "none"}))
             .await;
@@ -307,7 +308,10 @@ async fn events_carry_a_stable_msg_id_of_their_own() {
         .iter()
         .map(|e| e.msg_id.as_deref().unwrap())
         .collect();
-    assert!(ids.iter().all(|id| id.ends_with(":event")), "{ids:?}");
+    assert!(
+        ids.iter().all(|id| id.ends_with(":event.rejected.invalid")),
+        "{ids:?}"
+    );
     assert_ne!(ids[0], ids[1], "one per message");
 }
 
