@@ -92,8 +92,8 @@ impl Dispatcher {
     /// Spawns `n` workers sharing `judge` and `publisher`; returns the
     /// dispatcher and the workers' handles, which end once the dispatcher is
     /// dropped, their queues are empty and no policy answer is awaited.
-    /// `replay` is the JetStream mode's
-    /// memory of decisions not yet acknowledged.
+    /// `replay` is the JetStream mode's memory of decisions not yet
+    /// acknowledged.
     pub fn spawn(
         n: usize,
         judge: Arc<Judge>,
@@ -437,16 +437,16 @@ impl Worker {
             }
             _ => self.publish(decision.outbound, delivery).await,
         }
-        let Some(mut waiting) = world.and_then(|w| self.parked.remove_entry(&w)) else {
+        let Some((world, mut later)) = world.and_then(|w| self.parked.remove_entry(&w)) else {
             return;
         };
-        while let Some(work) = waiting.1.pop_front() {
+        while let Some(work) = later.pop_front() {
             self.parked_len -= 1;
             self.process(work).await;
-            if let Some(again) = self.parked.get_mut(&waiting.0) {
+            if let Some(again) = self.parked.get_mut(&world) {
                 // It asked: the rest wait for that answer (still counted
                 // in `parked_len`).
-                again.append(&mut waiting.1);
+                again.append(&mut later);
                 return;
             }
         }
