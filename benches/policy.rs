@@ -26,6 +26,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
+#[path = "shared/nats.rs"]
+#[allow(dead_code)] // the monitoring endpoint is for the relay benchmark
+mod nats;
 #[path = "shared/workload.rs"]
 #[allow(dead_code)]
 mod workload;
@@ -232,23 +235,11 @@ async fn main() -> Result<(), Error> {
         return Ok(()); // `cargo test --benches` probes; nothing to run.
     }
     let dir = tempfile::tempdir()?;
-    let nats_bin = std::env::var("NATS_SERVER").unwrap_or_else(|_| "nats-server".into());
-    let mut nats = Command::new(&nats_bin)
-        .args(["-a", "127.0.0.1", "-p", "-1", "--ports_file_dir"])
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start {nats_bin}: {e}"))?;
-    let ports = dir.path().join(format!("nats-server_{}.ports", nats.id()));
-    let url = loop {
-        if let Ok(text) = std::fs::read_to_string(&ports) {
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
-                break v["nats"][0].as_str().ok_or("ports file")?.to_string();
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let nats::Server {
+        child: mut nats,
+        url,
+        ..
+    } = nats::start(dir.path()).await?;
     let mut rows = Vec::new();
     for setup in SETUPS {
         eprintln!("{}", setup.label);

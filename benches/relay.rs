@@ -57,6 +57,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
+#[path = "shared/nats.rs"]
+mod nats;
 #[path = "shared/workload.rs"]
 mod workload;
 use workload::{id_of, message, AGENTS, WORLDS};
@@ -929,43 +931,11 @@ async fn main() -> Result<(), Error> {
         return Ok(()); // `cargo test --benches` probes; nothing to run.
     }
     let dir = tempfile::tempdir()?;
-    // NATS_SERVER names it, as for the tests and scripts/deps.sh.
-    let nats_bin = match std::env::var("NATS_SERVER") {
-        Ok(bin) => bin,
-        Err(_) => ["nats-server", "/usr/sbin/nats-server"]
-            .into_iter()
-            .find(|b| Command::new(b).arg("--version").output().is_ok())
-            .ok_or("nats-server not found (set NATS_SERVER)")?
-            .to_string(),
-    };
-    let mut nats = Command::new(&nats_bin)
-        .args([
-            "-a",
-            "127.0.0.1",
-            "-p",
-            "-1",
-            "-m",
-            "-1",
-            "--ports_file_dir",
-        ])
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start {nats_bin}: {e}"))?;
-    let ports = dir.path().join(format!("nats-server_{}.ports", nats.id()));
-    // The client URL, and host:port of the monitoring endpoint.
-    let (url, monitor) = loop {
-        if let Ok(text) = std::fs::read_to_string(&ports) {
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
-                let url = v["nats"][0].as_str().ok_or("ports file")?.to_string();
-                let monitor = v["monitoring"][0].as_str().ok_or("ports file")?;
-                let monitor = monitor.trim_start_matches("http://").to_string();
-                break (url, monitor);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let nats::Server {
+        child: mut nats,
+        url,
+        monitor,
+    } = nats::start(dir.path()).await?;
 
     let mut rows = Vec::new();
     // BENCH_ONLY=b,c1 measures a subset while iterating (the report needs all).
