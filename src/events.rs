@@ -8,7 +8,7 @@
 
 use crate::config::Config;
 use crate::json;
-use crate::judge::{copy_id, message_key, Decision, Outbound};
+use crate::judge::{message_key, Decision, Outbound};
 use crate::metrics::{Metrics, Outcome};
 use crate::names::Name;
 use crate::rules::RuleName;
@@ -107,26 +107,29 @@ pub fn report(
 /// The key is taken from a copy's id where the decision has one (no second
 /// hash on the hot path).
 fn event_id(d: &Decision, world: &Name) -> String {
-    let mut dest = String::with_capacity(32);
-    dest.push_str("event.");
-    dest.push_str(d.outcome.as_str());
-    if let Some(rule) = d.rule {
-        dest.push('.');
-        dest.push_str(rule.as_str());
-    }
+    let mut buffer = uuid::Uuid::encode_buffer();
     let copied = d
         .outbound
         .iter()
         .find_map(|o| Some(o.msg_id.as_deref()?.split_once(':')?.0));
-    match copied {
-        Some(key) => copy_id(key, &dest),
+    let key = match copied {
+        Some(key) => key,
         None => {
             let kind = d.kind.map_or("", SenderKind::as_str);
-            let mut key = uuid::Uuid::encode_buffer();
-            let key = message_key(world, kind, &d.sender, &d.id)
+            message_key(world, kind, &d.sender, &d.id)
                 .hyphenated()
-                .encode_lower(&mut key);
-            copy_id(key, &dest)
+                .encode_lower(&mut buffer)
         }
+    };
+    // Written once: key, `:event.`, the decision and its rule.
+    let (outcome, rule) = (d.outcome.as_str(), d.rule.map_or("", RuleName::as_str));
+    let mut id = String::with_capacity(key.len() + 8 + outcome.len() + 1 + rule.len());
+    id.push_str(key);
+    id.push_str(":event.");
+    id.push_str(outcome);
+    if !rule.is_empty() {
+        id.push('.');
+        id.push_str(rule);
     }
+    id
 }

@@ -879,9 +879,9 @@ pub(crate) fn message_key(world: &Name, kind: &str, sender: &str, id: &str) -> u
 }
 
 /// The `Nats-Msg-Id` of one copy: the message key and the destination
-/// (`public`, `private.<agent>`, `notice`, `event`), unique per copy and
-/// stable.
-pub(crate) fn copy_id(key: &str, dest: &str) -> String {
+/// (`public`, `private.<agent>`, `notice`), unique per copy and stable.
+/// An event's is the key and its decision (`events::event_id`).
+fn copy_id(key: &str, dest: &str) -> String {
     let mut id = String::with_capacity(key.len() + 1 + dest.len());
     id.push_str(key);
     id.push(':');
