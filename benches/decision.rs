@@ -7,6 +7,10 @@
 //! as a worker below saturation does it when its queue runs empty.
 //!
 //!   cargo bench --bench decision
+//!
+//! `DECISION_WORLDS=100000` spreads the workload over that many worlds (the
+//! relay benchmark's count) instead of 10,000: each world's state is then
+//! out of the CPU caches by its next message, as in the relay.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,7 +22,14 @@ use loopguard::envelope::FallbackId;
 use loopguard::judge::Judge;
 use loopguard::metrics::{Metrics, Outcome};
 
-const WORLDS: usize = 10_000;
+/// Worlds the workload is spread over (`DECISION_WORLDS`, else 10,000).
+fn worlds() -> usize {
+    std::env::var("DECISION_WORLDS")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .filter(|&w| w > 0)
+        .unwrap_or(10_000)
+}
 
 /// The relay benchmark's rules: the contract's six on (pass, turns, depth,
 /// duplicate, cooldown, rate), limits the workload stays under; with
@@ -57,7 +68,7 @@ fn judge(c: Config) -> Judge {
 
 /// Agent and human messages over many worlds, contents unique, ~200 bytes.
 fn inputs(n: usize) -> Vec<(String, Vec<u8>)> {
-    inputs_in(n, WORLDS)
+    inputs_in(n, worlds())
 }
 
 /// The same messages, over `worlds` worlds.
@@ -84,9 +95,11 @@ fn inputs_in(n: usize, worlds: usize) -> Vec<(String, Vec<u8>)> {
 }
 
 fn decision(c: &mut Criterion) {
+    let worlds = worlds();
     for (events, optional) in [(false, false), (true, false), (true, true)] {
         let judge = new_judge(events, optional);
-        let inputs = inputs(400_000);
+        // Forty messages a world: eight human turns.
+        let inputs = inputs(40 * worlds);
         let name = match optional {
             false => format!("decision (events.approved = {events})"),
             true => format!("decision (events.approved = {events}, optional rules on)"),
@@ -116,16 +129,17 @@ fn decision(c: &mut Criterion) {
     // Percentiles of single decisions, on a fresh judge and fresh inputs:
     // the first message of each world (which creates the world's state)
     // apart from the later ones (the steady state of a long-running sidecar).
-    let inputs = inputs(WORLDS + 200_000);
+    // At least five later messages a world, so human turns are among them.
+    let inputs = inputs(worlds + 200_000.max(5 * worlds));
     let times = single_decisions(&inputs, false);
-    let (first, later) = times.split_at(WORLDS);
+    let (first, later) = times.split_at(worlds);
     // How many later decisions took over 8 µs, and how many of those came
     // exactly 64 decisions after the previous one: moka applies its log of
     // reads every 64 lookups, on the thread that made the 64th.
     let slow: Vec<usize> = (0..later.len()).filter(|&i| later[i] > 8_000).collect();
     let periodic = slow.windows(2).filter(|w| w[1] - w[0] == 64).count();
     // Later messages by sender kind: a human's broadcast has five copies.
-    let is_human = |i: usize| inputs[WORLDS + i].0.contains(".human.");
+    let is_human = |i: usize| inputs[worlds + i].0.contains(".human.");
     let human: Vec<u64> = (0..later.len())
         .filter(|&i| is_human(i))
         .map(|i| later[i])
@@ -149,7 +163,7 @@ fn decision(c: &mut Criterion) {
         ),
         (
             "later messages, the cache's upkeep between them",
-            &idle[WORLDS..],
+            &idle[worlds..],
         ),
     ] {
         let mut times = times.to_vec();

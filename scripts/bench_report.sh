@@ -201,7 +201,18 @@ where the two differ, the tables are the newer.
   messages, so each of these goes to memory: that is most of what
   (c1)/(b2) measures. A layout touching fewer cache lines per world (ids
   held inline rather than behind `Arc<str>`, the window beside the map)
-  is what could lower it; not tried. Side by side at 17:48 UTC (the same
+  is what could lower it. Tried on 2026-11-22 (session 25) for the ids:
+  every message and thread id of up to 23 bytes held inline (`SmolStr`,
+  as names are), which removes the key's and the thread id's own
+  allocations from a parent lookup and from a forgotten entry. It did not
+  pay: in process over 100,000 worlds (`DECISION_WORLDS=100000`),
+  criterion moved by -1% to +10% with the workload's short ids and by -6%
+  to +4% with 36-byte ones, inside the noise of runs minutes apart (the
+  same old code measured 3.95 and 2.70 µs); callgrind's cache simulation
+  (20,000 worlds, 10 messages each) counted 0.3% fewer first-level data
+  misses and 1.5% more instructions. The entries grow by 8 bytes an id,
+  and the misses move to the map's larger buckets. Not kept.
+  Side by side at 17:48 UTC (the same
   binary): (b2)/(b) 1.58-1.67 (median 1.62), (c1)/(b2) 2.62-2.74 (2.65),
   (c1)/(b) 4.23-4.42 (4.33). Three runs of (c1) alone sustained 152k,
   162k and 152k msg/s (perf sampling the second and third for part of
