@@ -1221,6 +1221,35 @@ mod tests {
         assert_eq!(d2.outbound[0].msg_id, d.outbound[0].msg_id);
     }
 
+    /// A rejected message has no copy to take its key from, so its event's
+    /// id hashes the key itself: it must be the key its copies have when
+    /// the same message is approved, so that every output of one message
+    /// shares one key.
+    #[test]
+    fn a_rejected_message_s_event_has_the_key_its_copies_would_have() {
+        let rig = Rig::new(|_| {});
+        let payload = r#"{"content":"hello","id":"m1"}"#;
+        let approved = rig.send("agent", "alice", payload);
+        let ids: Vec<&str> = approved
+            .outbound
+            .iter()
+            .filter_map(|o| o.msg_id.as_deref())
+            .collect();
+        let (key, _) = ids[0].split_once(':').unwrap();
+        assert_eq!(ids.len(), 2, "the public copy and the event: {ids:?}");
+        assert!(ids.iter().all(|id| id.starts_with(&format!("{key}:"))));
+
+        // The same message again: a duplicate, with no copy at all.
+        let rejected = rig.send("agent", "alice", payload);
+        assert_eq!(rejected.outcome, Outcome::Rejected);
+        assert_eq!(rejected.outbound.len(), 1, "nothing but the event");
+        let rule = event(&rejected)["rule"].as_str().unwrap().to_string();
+        assert_eq!(
+            rejected.outbound[0].msg_id.as_deref(),
+            Some(format!("{key}:event.rejected.{rule}").as_str())
+        );
+    }
+
     #[test]
     fn text_is_the_content_when_content_is_not_a_string_and_is_kept() {
         let rig = Rig::new(|_| {});

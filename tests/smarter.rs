@@ -531,3 +531,93 @@ async fn a_world_waiting_for_the_policy_holds_back_only_its_own_messages() {
         "approved by the service, not by a timeout"
     );
 }
+
+/// Requests the policy service never answers leave nothing behind once
+/// they time out. The NATS client kept every request it sent until its
+/// answer came, for the life of the connection (nats-io/nats.rs#1617, the
+/// vendored client's fourth patch): a service that stopped answering grew
+/// loopguard's memory by each message it was asked about.
+#[tokio::test]
+async fn requests_the_policy_service_never_answers_leave_nothing_behind() {
+    use futures::StreamExt;
+    let nats = support::NatsServer::start();
+    // Every message is asked about, times out and is rejected (`closed`),
+    // so the worlds' state stays as it is: only the requests could grow.
+    let lg = support::Loopguard::spawn(
+        &nats.url(),
+        &format!(
+            "{BASE}[rules.policy]\nsubject = \"policy.void\"\ntimeout_ms = 1\nfail = \"closed\"\n"
+        ),
+    );
+    let client = support::within("client", async_nats::connect(nats.url()))
+        .await
+        .unwrap();
+    // Listening, never answering: each request waits for its timeout.
+    let mut void = client.subscribe("policy.void").await.unwrap();
+    tokio::spawn(async move { while void.next().await.is_some() {} });
+    client.flush().await.unwrap();
+    let addr = lg.http_addr().await;
+    let timeouts = || async {
+        support::Scrape::take(&addr)
+            .await
+            .get("loopguard_policy_requests_total", &[("outcome", "timeout")]) as u64
+    };
+    // Until loopguard is subscribed: a probe times out.
+    support::within("a first timeout", async {
+        while timeouts().await == 0 {
+            client
+                .publish("chat.raw.probe.agent.a", "probe".into())
+                .await
+                .unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let rss = || {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", lg.pid())).unwrap();
+        let kib = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .expect("VmRSS");
+        kib * 1024
+    };
+    // Sends `n` messages over 512 worlds (a chunk at a time, each awaited,
+    // so none is dropped for a slow consumer) and waits for their timeouts.
+    let mut sent = 0u64;
+    let mut send = |n: u64| {
+        let (client, from) = (client.clone(), sent);
+        sent += n;
+        async move {
+            for chunk in (from..from + n).step_by(5_000) {
+                let base = timeouts().await;
+                for i in chunk..(chunk + 5_000).min(from + n) {
+                    let subject = format!("chat.raw.w{}.agent.a{}", i % 512, i % 3);
+                    let body = format!("{{\"content\":\"message {i}\"}}");
+                    client.publish(subject, body.into()).await.unwrap();
+                }
+                client.flush().await.unwrap();
+                let want = base + (chunk + 5_000).min(from + n) - chunk;
+                support::within("the chunk's timeouts", async {
+                    while timeouts().await < want {
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                })
+                .await;
+            }
+        }
+    };
+    // Warm: the worlds, rosters and buffers as they will stay.
+    send(20_000).await;
+    let before = rss();
+    send(100_000).await;
+    let after = rss();
+    let grown = after.saturating_sub(before);
+    eprintln!("resident memory: {before} bytes, then {after} after 100000 more timeouts");
+    // Unpatched, each request kept about 370 bytes: 100,000 of them grew
+    // resident memory by 36.6 MB (measured 2026-11-22); patched, 0.1 MB.
+    assert!(
+        grown < 8 << 20,
+        "resident memory grew by {grown} bytes over 100000 unanswered requests"
+    );
+}

@@ -455,7 +455,13 @@ struct Multiplexer {
     subject: Subject,
     prefix: Subject,
     senders: HashMap<String, oneshot::Sender<Message>>,
+    // loopguard patch: the size of `senders` at which the next request
+    // sweeps out the entries of requests given up (see `Command::Request`).
+    sweep_at: usize,
 }
+
+/// loopguard patch: the least size of the request map that is swept.
+const MULTIPLEXER_SWEEP_MIN: usize = 1024;
 
 /// A connection handler which facilitates communication from channels to a single shared connection.
 pub(crate) struct ConnectionHandler {
@@ -949,6 +955,7 @@ impl ConnectionHandler {
                         subject,
                         prefix,
                         senders: HashMap::new(),
+                        sweep_at: MULTIPLEXER_SWEEP_MIN,
                     })
                 };
                 self.connector
@@ -957,6 +964,18 @@ impl ConnectionHandler {
                     .add(1, Ordering::Relaxed);
 
                 multiplexer.senders.insert(token.to_owned(), sender);
+                // loopguard patch: only an answer removed an entry, so a
+                // request given up (its future dropped, as a timeout does)
+                // stayed for the life of the client (nats-io/nats.rs#1617).
+                // Once the map has doubled since the last sweep, the entries
+                // whose receiver is gone are dropped: one pass over the map
+                // per as many requests as it holds, and at most twice as
+                // many entries as requests waiting (or the minimum).
+                if multiplexer.senders.len() >= multiplexer.sweep_at {
+                    multiplexer.senders.retain(|_, sender| !sender.is_closed());
+                    multiplexer.sweep_at =
+                        (2 * multiplexer.senders.len()).max(MULTIPLEXER_SWEEP_MIN);
+                }
 
                 let respond: Subject = format!("{}{}", multiplexer.prefix, token).into();
 
