@@ -23,10 +23,39 @@ cat <<'NOTES'
 These notes are kept by hand. The figures they quote are from the runs
 they name (most of them: the relay run of 2026-11-22 15:06 UTC and the
 criterion run of 15:07 UTC, of commit 415da51; the first point gives the
-latest, of 17:08 and 17:09 UTC), which need not be the run printed above:
-where the two differ, the tables are the newer.
+latest, of 19:20 UTC, the second those of 17:08 and 17:09 UTC), which need
+not be the run printed above: where the two differ, the tables are the
+newer.
 
-- **The latest runs.** The runs of 2026-11-22 17:08 UTC (relay) and 17:09
+- **The latest runs.** The runs of 2026-11-22 19:20 UTC (relay) and the
+  criterion run after it are of commit b02f010 (the code of e57a2fa). Two changes since
+  the runs of 17:08 and 17:09 UTC (of ff3f9e3; their figures in brackets)
+  reached the relay's path: a worker hands aside a message that waits for
+  the policy service and goes on with other worlds (with the hook off, as
+  here, each message takes the same steps: decide, then publish), and
+  every event carries a `Nats-Msg-Id` header (one more short string a
+  decision in (c2)). The machine was much slower in this run: (a)
+  sustained 464k msg/s [780k], the bare relay 283k [372k] at 2.67 µs of
+  CPU a message [1.67]; the mention parser, in the CPU's caches, took 80
+  ns [83]. Ratios: (c1)/(b) rate 0.34 [0.46], (c2)/(b) 0.25 [0.35],
+  (a2)/(b) 0.59 [0.61], (b2)/(b) 0.51 [0.61], (c1)/(b2) 0.67 [0.76],
+  (c2)/(c1) 0.72 [0.76]. CPU per message: (c1)/(b) 3.81 in the table
+  [3.90] and 4.06-4.33 side by side (median 4.21 [4.45]); (b2)/(b) 2.06
+  [1.80] and 1.71-1.93 side by side (median 1.88 [1.73]); (c1)/(b2)
+  2.17-2.46 side by side (median 2.24 [2.78]); (c2)/(b) 4.44 [4.50]. In
+  CPU a message neither change shows: loopguard's ratios to the
+  baselines are the same or lower. Its rate fell further behind (b2)'s
+  than in the last run (0.67 against 0.76); one run of a machine this
+  much slower does not say whether the changes or the machine did that.
+  Criterion: 2.42 / 2.59 / 3.92 µs a decision (approved events off / on /
+  optional rules on) [2.22 / 2.44 / 3.33], one busy world 1.67 µs [1.57];
+  its samples' p99 3.21 / 3.89 µs [4.78 / 3.60]; single decisions back to
+  back p99 6.70 µs [5.75], 6.13 for agent messages, 5.02 µs [3.96] with
+  the cache's upkeep between them. An idle world with one message holds
+  958 bytes [958]; under the flood, resident memory levelled off at
+  106.5-113.4 MiB [106.6-111.9]. The policy hook benchmark: (p1)/(p0)
+  0.50, (p2)/(p0) 0.18 (its own section below).
+- **The runs of 17:08 UTC.** The runs of 2026-11-22 17:08 UTC (relay) and 17:09
   UTC (criterion) are of commit 0b11ed5 (the code of ff3f9e3). Since the
   runs of 15:06 and 15:07 UTC (of 415da51, whose figures are in brackets
   here and which the rest of these notes quote) two changes reached the
