@@ -1235,8 +1235,8 @@ mod tests {
             .iter()
             .filter_map(|o| o.msg_id.as_deref())
             .collect();
-        let (key, _) = ids[0].split_once(':').unwrap();
         assert_eq!(ids.len(), 2, "the public copy and the event: {ids:?}");
+        let (key, _) = ids[0].split_once(':').unwrap();
         assert!(ids.iter().all(|id| id.starts_with(&format!("{key}:"))));
 
         // The same message again: a duplicate, with no copy at all.

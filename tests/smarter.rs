@@ -534,7 +534,7 @@ async fn a_world_waiting_for_the_policy_holds_back_only_its_own_messages() {
 
 /// Requests the policy service never answers leave nothing behind once
 /// they time out. The NATS client kept every request it sent until its
-/// answer came, for the life of the connection (nats-io/nats.rs#1617, the
+/// answer came, for the life of the client (nats-io/nats.rs#1617, the
 /// vendored client's fourth patch): a service that stopped answering grew
 /// loopguard's memory by each message it was asked about.
 #[tokio::test]

@@ -11,8 +11,12 @@
 //! hash of the world name), and a worker decides and publishes a world's
 //! messages one at a time, in the order they arrived: a message waiting for
 //! the policy service holds back the later ones of its world, and only
-//! those. Different worlds proceed in parallel on different workers, and
-//! on one worker past a world that waits.
+//! those, up to the worker's bounds ([`MAX_ASKING`] requests, [`MAX_PARKED`]
+//! messages held back): past them the worker takes nothing new until
+//! answers come, so one world flooding a slow service can fill them and
+//! hold back every world of the intake. Different worlds proceed in
+//! parallel on different workers, and on one worker past a world that
+//! waits.
 
 pub mod core;
 pub mod jetstream;

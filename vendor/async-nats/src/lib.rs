@@ -968,13 +968,17 @@ impl ConnectionHandler {
                 // request given up (its future dropped, as a timeout does)
                 // stayed for the life of the client (nats-io/nats.rs#1617).
                 // Once the map has doubled since the last sweep, the entries
-                // whose receiver is gone are dropped: one pass over the map
-                // per as many requests as it holds, and at most twice as
-                // many entries as requests waiting (or the minimum).
+                // whose receiver is gone are dropped, and the table shrinks
+                // to the next threshold, at least twice what is left: at
+                // least half a threshold of requests come between sweeps,
+                // so each pays a constant share of one, and the map holds
+                // at most twice the requests waiting at the last sweep (or
+                // the minimum).
                 if multiplexer.senders.len() >= multiplexer.sweep_at {
                     multiplexer.senders.retain(|_, sender| !sender.is_closed());
                     multiplexer.sweep_at =
                         (2 * multiplexer.senders.len()).max(MULTIPLEXER_SWEEP_MIN);
+                    multiplexer.senders.shrink_to(multiplexer.sweep_at);
                 }
 
                 let respond: Subject = format!("{}{}", multiplexer.prefix, token).into();
