@@ -174,6 +174,8 @@ pub struct Pending {
     effects: Effects,
     /// The settings the decision was made with (a reload may come between).
     settings: Arc<Settings>,
+    /// Keeps the world within the admin API's reach meanwhile.
+    waiting: state::Waiting,
 }
 
 /// What the policy service said, or why it said nothing.
@@ -397,6 +399,7 @@ impl Judge {
             world,
             effects,
             settings,
+            waiting,
         } = *check.pending;
         self.metrics.policy(&outcome);
         let rejection = match outcome {
@@ -441,6 +444,8 @@ impl Judge {
                 self.worlds.keep(name, &world);
             }
         }
+        // Back in the cache: `get` finds it there now.
+        drop(waiting);
         self.report(&mut d, &settings);
         d
     }
@@ -674,6 +679,7 @@ impl Judge {
                 fail: policy.fail,
                 request: body,
                 pending: Box::new(Pending {
+                    waiting: self.worlds.wait(&world, &handle),
                     world: handle.clone(),
                     effects,
                     settings: settings.clone(),
@@ -1451,5 +1457,61 @@ mod tests {
         let d = last.unwrap();
         assert_eq!(d.turn, 1);
         assert_eq!(event(&d)["turn"], 1, "the event says the count it has");
+    }
+
+    /// A world the cache evicts while its message waits for the policy hook
+    /// (it is the least recently used then) is still found: the admin API
+    /// shows it, and a reset reaches the state the answer is applied to,
+    /// instead of finding no world and being undone when the answer puts
+    /// the world back.
+    #[test]
+    fn a_world_evicted_while_it_waits_is_still_found_and_a_reset_holds() {
+        let rig = Rig::new(|c| {
+            c.state.max_worlds = 1;
+            (
+                c.rules.depth.max,
+                c.rules.rate.max,
+                c.rules.cooldown.seconds,
+            ) = (0, 0, 0);
+            c.rules.policy.subject = "policy.check".into();
+        });
+        let (w, x) = (Name::parse("w").unwrap(), Name::parse("x").unwrap());
+        let held = || {
+            let mut names = Vec::new();
+            rig.judge.worlds().for_each(|n, _| names.push(n.clone()));
+            names
+        };
+        for i in 0..3 {
+            let mut d = rig.send("agent", "alice", &format!("point {i}"));
+            let check = d.policy.take().expect("asks the policy hook");
+            if i < 2 {
+                rig.judge.finish(d, check, PolicyOutcome::Approve);
+                rig.advance(1);
+                continue;
+            }
+            // While it waits, world x takes the cache's one place.
+            let origin = rig.judge.subjects().parse("chat.raw.x.agent.bob");
+            let mut other = rig
+                .judge
+                .decide(origin, b"hello", FallbackId::default())
+                .unwrap();
+            let other_check = other.policy.take().unwrap();
+            assert_eq!(rig.judge.worlds().len(), 1);
+            assert_eq!(held(), std::slice::from_ref(&x), "w was evicted");
+            let found = rig.judge.worlds().get(&w).expect("found while it waits");
+            assert_eq!(state::lock(&found).turns, 2);
+            state::lock(&found).reset();
+            let d = rig.judge.finish(d, check, PolicyOutcome::Approve);
+            assert_eq!(d.turn, 1, "the reset's 0, and this message's turn");
+            let back = rig.judge.worlds().get(&w).expect("back in the cache");
+            assert_eq!(state::lock(&back).turns, 1);
+            rig.judge.finish(other, other_check, PolicyOutcome::Approve);
+        }
+        // Neither waits now: a world evicted since is gone.
+        rig.judge.worlds().len();
+        let kept = held();
+        assert_eq!(kept.len(), 1);
+        let gone = if kept[0] == w { &x } else { &w };
+        assert!(rig.judge.worlds().get(gone).is_none(), "{gone} still found");
     }
 }

@@ -1215,6 +1215,51 @@ pub struct Worlds {
     /// eviction, refused), losing its state at every turn.
     most_weight: u32,
     upkeep: Arc<Upkeep>,
+    /// Worlds with a message waiting for the policy service, and how many
+    /// (see [`Worlds::wait`]).
+    waiting: Arc<Mutex<HashMap<Name, (WorldHandle, usize)>>>,
+}
+
+/// Holds a world out of reach of eviction's consequences while a message of
+/// it waits for the policy service: [`Worlds::get`] finds it until this is
+/// dropped, even if the cache has evicted it meanwhile (see
+/// [`Worlds::wait`]). A clone is one more hold.
+#[derive(Debug)]
+pub struct Waiting {
+    waiting: Arc<Mutex<HashMap<Name, (WorldHandle, usize)>>>,
+    name: Name,
+}
+
+impl Clone for Waiting {
+    fn clone(&self) -> Waiting {
+        if let Some((_, holds)) = lock_waiting(&self.waiting).get_mut(&self.name) {
+            *holds += 1;
+        }
+        Waiting {
+            waiting: self.waiting.clone(),
+            name: self.name.clone(),
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut waiting = lock_waiting(&self.waiting);
+        if let Some((_, holds)) = waiting.get_mut(&self.name) {
+            *holds -= 1;
+            if *holds == 0 {
+                waiting.remove(&self.name);
+            }
+        }
+    }
+}
+
+/// The waiting worlds' map; a panic elsewhere while it was held left it
+/// whole (each change is one map operation).
+fn lock_waiting(
+    waiting: &Mutex<HashMap<Name, (WorldHandle, usize)>>,
+) -> MutexGuard<'_, HashMap<Name, (WorldHandle, usize)>> {
+    waiting.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What [`Worlds::upkeep`] goes by.
@@ -1270,6 +1315,7 @@ impl Worlds {
                 at: AtomicU64::new(0),
                 start: Instant::now(),
             }),
+            waiting: Arc::default(),
         }
     }
 
@@ -1331,9 +1377,31 @@ impl Worlds {
         }
     }
 
-    /// The world's state if it is held.
+    /// The world's state if it is held, or if a message of it waits for
+    /// the policy service.
     pub fn get(&self, world: &Name) -> Option<WorldHandle> {
-        self.cache.get(world)
+        self.cache.get(world).or_else(|| {
+            let waiting = lock_waiting(&self.waiting);
+            waiting.get(world).map(|(handle, _)| handle.clone())
+        })
+    }
+
+    /// Marks `world` as waiting for the policy service until the returned
+    /// hold is dropped. The cache may evict it meanwhile (a waiting world
+    /// is the least recently used: its later messages are held back), and
+    /// [`Worlds::keep`] puts it back once its answer is applied; until
+    /// then [`Worlds::get`] still finds it here, so the admin API shows it
+    /// and a reset reaches the state the answer is applied to, rather than
+    /// finding no world and being undone by `keep`.
+    pub fn wait(&self, name: &Name, world: &WorldHandle) -> Waiting {
+        lock_waiting(&self.waiting)
+            .entry(name.clone())
+            .or_insert_with(|| (world.clone(), 0))
+            .1 += 1;
+        Waiting {
+            waiting: self.waiting.clone(),
+            name: name.clone(),
+        }
     }
 
     /// Applies the cache's log of recent lookups (its LRU order and idle
