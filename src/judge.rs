@@ -385,6 +385,44 @@ impl Judge {
         Some(decision)
     }
 
+    /// Rejects an agent message undecided, as rule `policy`, because
+    /// `held` earlier messages of its world already wait for the policy
+    /// service (the worker's bound for one world, see
+    /// `ingest::MAX_HELD_PER_WORLD`). Reads none of the world's state and
+    /// changes none: a message that is not held back has no place in the
+    /// world's order. One the rules could not read at all is rejected for
+    /// that, as `decide` would.
+    pub fn shed(
+        &self,
+        world: Name,
+        sender: Name,
+        payload: &[u8],
+        fallback_id: FallbackId<'_>,
+        held: usize,
+    ) -> Decision {
+        let settings = self.settings();
+        let limit = settings.config.limits.max_payload_bytes;
+        let (id, rule, reason) = match envelope::parse(payload, fallback_id, limit) {
+            Ok(env) => (
+                env.id.unwrap_or_else(new_id),
+                RuleName::Policy,
+                format!("policy check backlog: {held} earlier messages of this world wait for the policy service"),
+            ),
+            Err(e) => (rejected_id(fallback_id, limit), unreadable(&e), e.to_string()),
+        };
+        let mut d = Decision::rejected(
+            Some(world),
+            Some(SenderKind::Agent),
+            sender.into(),
+            id,
+            rule,
+            reason,
+            self.observed_at(),
+        );
+        self.report(&mut d, &settings);
+        d
+    }
+
     /// Logs and counts a final decision and queues its event.
     fn report(&self, d: &mut Decision, settings: &Settings) {
         if let Some(event) = events::report(d, &settings.config, &self.subjects, &self.metrics) {
@@ -502,19 +540,13 @@ impl Judge {
         let mut env = match envelope::parse(payload, fallback_id, config.limits.max_payload_bytes) {
             Ok(env) => env,
             Err(e) => {
-                let rule = match e {
-                    EnvelopeError::TooLarge { .. } | EnvelopeError::IdTooLarge { .. } => {
-                        RuleName::TooLarge
-                    }
-                    _ => RuleName::Invalid,
-                };
                 let id = rejected_id(fallback_id, config.limits.max_payload_bytes);
                 return Decision::rejected(
                     Some(world),
                     Some(kind),
                     sender.into(),
                     id,
-                    rule,
+                    unreadable(&e),
                     e.to_string(),
                     received_at,
                 );
@@ -806,6 +838,14 @@ impl Judge {
 }
 
 /// A fresh id for a message that came without one.
+/// The rule that rejects a message the envelope could not be read from.
+fn unreadable(e: &EnvelopeError) -> RuleName {
+    match e {
+        EnvelopeError::TooLarge { .. } | EnvelopeError::IdTooLarge { .. } => RuleName::TooLarge,
+        _ => RuleName::Invalid,
+    }
+}
+
 fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
@@ -1457,6 +1497,36 @@ mod tests {
         let d = last.unwrap();
         assert_eq!(d.turn, 1);
         assert_eq!(event(&d)["turn"], 1, "the event says the count it has");
+    }
+
+    /// A message shed for its world's backlog is rejected as rule `policy`
+    /// with its own id, and reads or changes nothing of the world; one that
+    /// cannot be read is rejected for that instead.
+    #[test]
+    fn a_shed_message_is_a_policy_rejection_that_touches_no_state() {
+        let rig = Rig::new(|c| c.rules.policy.subject = "policy.check".into());
+        let (w, alice) = (Name::parse("w").unwrap(), Name::parse("alice").unwrap());
+        let d = rig.judge.shed(
+            w.clone(),
+            alice.clone(),
+            br#"{"id":"m-1","content":"hello"}"#,
+            FallbackId::default(),
+            64,
+        );
+        assert_eq!(
+            (d.outcome, d.rule, d.id.as_str()),
+            (Outcome::Rejected, Some(RuleName::Policy), "m-1")
+        );
+        assert!(d.reason.contains("64 earlier messages"), "{}", d.reason);
+        assert_eq!(event(&d)["rule"], "policy");
+        assert_eq!(d.outbound.len(), 1, "the event only");
+        assert!(rig.judge.worlds().get(&w).is_none(), "no world was made");
+
+        let d = rig
+            .judge
+            .shed(w.clone(), alice, b"\xff\xfe", FallbackId::default(), 64);
+        assert_eq!(d.rule, Some(RuleName::Invalid));
+        assert!(rig.judge.worlds().get(&w).is_none());
     }
 
     /// A world the cache evicts while its message waits for the policy hook

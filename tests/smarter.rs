@@ -454,22 +454,17 @@ async fn a_message_the_policy_rejects_changes_nothing_in_its_world() {
     );
 }
 
-/// A message waiting for the policy service holds back its own world's
-/// later messages, in order, and no other world's. Sixteen other worlds
-/// (some of them on the waiting world's worker, which once held them all
-/// until the answer came) are decided while it waits.
-#[tokio::test]
-async fn a_world_waiting_for_the_policy_holds_back_only_its_own_messages() {
+/// Answers policy requests on `subject` (subscribed before it returns):
+/// approves at once, except a content with "slow", whose answer waits until
+/// the returned sender is used.
+async fn gated_policy_service(
+    client: async_nats::Client,
+    subject: &'static str,
+) -> tokio::sync::oneshot::Sender<()> {
     use futures::StreamExt;
-    let mut h = Harness::start(&format!(
-        "{BASE}[rules.policy]\nsubject = \"policy.gate\"\ntimeout_ms = 10000\n"
-    ))
-    .await;
-    // Approves at once, except a content with "slow": that waits for `open`.
-    let mut requests = h.client.subscribe("policy.gate").await.unwrap();
-    h.client.flush().await.unwrap();
+    let mut requests = client.subscribe(subject).await.unwrap();
+    client.flush().await.unwrap();
     let (open, mut opened) = tokio::sync::oneshot::channel::<()>();
-    let answering = h.client.clone();
     tokio::spawn(async move {
         let approve = || json!({"decision": "approve"}).to_string().into();
         let mut held = None;
@@ -477,7 +472,7 @@ async fn a_world_waiting_for_the_policy_holds_back_only_its_own_messages() {
             tokio::select! {
                 _ = &mut opened, if held.is_some() => {
                     if let Some(reply) = held.take() {
-                        answering.publish(reply, approve()).await.unwrap();
+                        client.publish(reply, approve()).await.unwrap();
                     }
                 }
                 m = requests.next() => {
@@ -487,12 +482,26 @@ async fn a_world_waiting_for_the_policy_holds_back_only_its_own_messages() {
                     if body["content"].as_str().unwrap().contains("slow") {
                         held = Some(reply);
                     } else {
-                        answering.publish(reply, approve()).await.unwrap();
+                        client.publish(reply, approve()).await.unwrap();
                     }
                 }
             }
         }
     });
+    open
+}
+
+/// A message waiting for the policy service holds back its own world's
+/// later messages, in order, and no other world's. Sixteen other worlds
+/// (some of them on the waiting world's worker, which once held them all
+/// until the answer came) are decided while it waits.
+#[tokio::test]
+async fn a_world_waiting_for_the_policy_holds_back_only_its_own_messages() {
+    let mut h = Harness::start(&format!(
+        "{BASE}[rules.policy]\nsubject = \"policy.gate\"\ntimeout_ms = 10000\n"
+    ))
+    .await;
+    let open = gated_policy_service(h.client.clone(), "policy.gate").await;
 
     h.send_json("held", "agent", "alice", msg("a slow answer"))
         .await;
@@ -529,6 +538,77 @@ async fn a_world_waiting_for_the_policy_holds_back_only_its_own_messages() {
         out.field("held", "reason")[0],
         json!("passed every rule"),
         "approved by the service, not by a timeout"
+    );
+}
+
+/// One world cannot take a worker's whole room for held-back messages:
+/// past 64 behind its policy request, its agents' messages are rejected
+/// with a reason (rule `policy`) while its humans' are still held back, and
+/// what was held back is decided in order once the answer comes.
+#[tokio::test]
+async fn past_its_share_a_waiting_world_s_agent_messages_are_rejected_not_held() {
+    let mut h = Harness::start(&format!(
+        "{BASE}[rules.policy]\nsubject = \"policy.gate\"\ntimeout_ms = 10000\n"
+    ))
+    .await;
+    let open = gated_policy_service(h.client.clone(), "policy.gate").await;
+
+    h.send_json("flood", "agent", "alice", msg("a slow answer"))
+        .await;
+    let agents = ["bob", "carol"];
+    for i in 0..63 {
+        h.send_json("flood", "agent", agents[i % 2], msg(&format!("answer {i}")))
+            .await;
+    }
+    h.send_json("flood", "human", "hank", msg("a human meanwhile"))
+        .await;
+    // The share is full (64 held back): agents' messages are rejected now.
+    for i in 0..3 {
+        let late = json!({"id": format!("late-{i}"), "content": format!("late {i}")});
+        h.send_json("flood", "agent", "bob", late).await;
+    }
+    h.send_json("flood", "human", "hank", msg("a human still held back"))
+        .await;
+    let mut shed = Vec::new();
+    support::within("the rejections", async {
+        while shed.len() < 3 {
+            let r = h.recv().await.expect("recorder runs");
+            assert!(
+                !r.subject.starts_with("chat.public.flood"),
+                "the waiting world published before its answer came: {r:?}"
+            );
+            if r.subject == "chat.events.flood" {
+                shed.push(r);
+            }
+        }
+    })
+    .await;
+    for (i, event) in shed.iter().enumerate() {
+        assert_eq!(event.str("id"), format!("late-{i}"));
+        assert_eq!(event.str("decision"), "rejected");
+        assert_eq!(event.str("rule"), "policy");
+        assert_eq!(
+            event.str("reason"),
+            "policy check backlog: 64 earlier messages of this world wait for the policy service"
+        );
+    }
+
+    open.send(()).unwrap();
+    let out = h.settle("flood").await;
+    let contents: Vec<&str> = out
+        .public("flood")
+        .iter()
+        .map(|r| r.str("content"))
+        .collect();
+    let mut expected = vec!["a slow answer".to_string()];
+    expected.extend((0..63).map(|i| format!("answer {i}")));
+    expected.push("a human meanwhile".into());
+    expected.push("a human still held back".into());
+    assert_eq!(contents, expected, "every held-back message, in order");
+    let scrape = support::Scrape::take(&h.loopguard.http_addr().await).await;
+    assert_eq!(
+        scrape.get("loopguard_suppressed_total", &[("rule", "policy")]),
+        3.0
     );
 }
 

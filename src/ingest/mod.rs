@@ -13,10 +13,11 @@
 //! the policy service holds back the later ones of its world, and only
 //! those, up to the worker's bounds ([`MAX_ASKING`] requests, [`MAX_PARKED`]
 //! messages held back): past them the worker takes nothing new until
-//! answers come, so one world flooding a slow service can fill them and
-//! hold back every world of the intake. Different worlds proceed in
-//! parallel on different workers, and on one worker past a world that
-//! waits.
+//! answers come. One world takes at most [`MAX_HELD_PER_WORLD`] of those
+//! places (its agents' later messages are rejected), so it takes many
+//! worlds flooding a slow service to hold back every world of the intake.
+//! Different worlds proceed in parallel on different workers, and on one
+//! worker past a world that waits.
 
 pub mod core;
 pub mod jetstream;
@@ -32,11 +33,12 @@ use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 
+use crate::config::Mode;
 use crate::envelope::FallbackId;
 use crate::judge::{Decision, Judge, Outbound, PolicyCheck, PolicyOutcome};
 use crate::names::Name;
 use crate::publish::{Answer, Publisher};
-use crate::subject::{Origin, Subjects};
+use crate::subject::{Origin, SenderKind, Subjects};
 
 /// Messages queued per worker before ingest waits (and so, once the
 /// subscription buffer is full too, NATS reports a slow consumer).
@@ -49,6 +51,14 @@ pub const MAX_ASKING: usize = 256;
 /// Messages a worker holds back at most behind their worlds' policy
 /// requests. Past either bound it takes nothing new until answers come.
 pub const MAX_PARKED: usize = 1024;
+
+/// Messages a worker holds back at most behind one world's policy request.
+/// Past it, that world's agent messages are rejected undecided (rule
+/// `policy`, see [`Judge::shed`]) while its humans' and the system's are
+/// still held back, so one world flooding a slow service cannot fill
+/// [`MAX_PARKED`] alone and hold back every world. Not in observe mode,
+/// which rejects nothing for the service.
+pub const MAX_HELD_PER_WORLD: usize = 64;
 
 /// JetStream acknowledgements a worker holds before it confirms their
 /// outputs and sends them; it also does so whenever it has nothing to
@@ -264,16 +274,44 @@ impl Worker {
     }
 
     /// Decides one message, or parks it behind its world's message that
-    /// waits for the policy service.
+    /// waits for the policy service (or, past [`MAX_HELD_PER_WORLD`],
+    /// rejects an agent's).
     async fn handle(&mut self, work: Work) {
         if !self.parked.is_empty() {
             if let Some(waiting) = work.origin.world().and_then(|w| self.parked.get_mut(w)) {
-                waiting.push_back(work);
-                self.parked_len += 1;
-                return;
+                let held = waiting.len();
+                if held < MAX_HELD_PER_WORLD || !sheds(&self.judge, &work.origin) {
+                    waiting.push_back(work);
+                    self.parked_len += 1;
+                    return;
+                }
+                return self.shed(work, held).await;
             }
         }
         self.process(work).await;
+    }
+
+    /// Rejects an agent message of a world that has `held` messages held
+    /// back behind its policy request, and publishes the event.
+    async fn shed(&mut self, work: Work, held: usize) {
+        let Work {
+            origin: Origin::Raw { world, sender, .. },
+            message,
+            delivery,
+        } = work
+        else {
+            debug_assert!(false, "only raw messages are shed");
+            return;
+        };
+        let stable = delivery.as_ref().map(|d| d.stable_id.as_str());
+        let decision = self.judge.shed(
+            world,
+            sender,
+            &message.payload,
+            fallback_id(&message, stable),
+            held,
+        );
+        self.conclude(decision.outbound, delivery).await;
     }
 
     /// Decides one message and publishes its outputs, or sends its policy
@@ -302,11 +340,7 @@ impl Worker {
                     return self.publish(outbound.iter().cloned(), delivery).await;
                 }
                 match self.decide(origin, &message, Some(&d.stable_id)) {
-                    Decided::Now(outbound) => {
-                        let outbound: Arc<[Outbound]> = outbound.into();
-                        replay.insert(d.key, outbound.clone());
-                        self.publish(outbound.iter().cloned(), delivery).await;
-                    }
+                    Decided::Now(outbound) => self.conclude(outbound, delivery).await,
                     Decided::Asking(decision, check) => self.ask(decision, check, delivery),
                 }
             }
@@ -315,6 +349,19 @@ impl Worker {
                 Decided::Now(outbound) => self.publish(outbound, delivery).await,
                 Decided::Asking(decision, check) => self.ask(decision, check, delivery),
             },
+        }
+    }
+
+    /// Publishes a final decision's outputs; a JetStream message's are
+    /// kept until it is acknowledged, for its redelivery.
+    async fn conclude(&mut self, outbound: Vec<Outbound>, delivery: Option<Delivery>) {
+        match (&delivery, &self.replay) {
+            (Some(d), Some(replay)) => {
+                let outbound: Arc<[Outbound]> = outbound.into();
+                replay.insert(d.key, outbound.clone());
+                self.publish(outbound.iter().cloned(), delivery).await;
+            }
+            _ => self.publish(outbound, delivery).await,
         }
     }
 
@@ -376,16 +423,7 @@ impl Worker {
     /// configured and the cheap rules approved, the question for the
     /// policy service.
     fn decide(&self, origin: Origin, message: &Message, stable_id: Option<&str>) -> Decided {
-        let fallback = FallbackId {
-            header: message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
-                .map(|v| v.as_str())
-                // An empty header names no message (see `envelope::id_field`).
-                .filter(|id| !id.is_empty()),
-            stable: stable_id,
-        };
+        let fallback = fallback_id(message, stable_id);
         match self.judge.decide(origin, &message.payload, fallback) {
             None => Decided::Now(Vec::new()),
             Some(mut decision) => match decision.policy.take() {
@@ -433,14 +471,7 @@ impl Worker {
         metrics.policy_duration.observe(took.as_secs_f64());
         let world = decision.world.clone();
         let decision = self.judge.finish(*decision, check, outcome);
-        match (&delivery, &self.replay) {
-            (Some(d), Some(replay)) => {
-                let outbound: Arc<[Outbound]> = decision.outbound.into();
-                replay.insert(d.key, outbound.clone());
-                self.publish(outbound.iter().cloned(), delivery).await;
-            }
-            _ => self.publish(decision.outbound, delivery).await,
-        }
+        self.conclude(decision.outbound, delivery).await;
         let Some((world, mut later)) = world.and_then(|w| self.parked.remove_entry(&w)) else {
             return;
         };
@@ -526,6 +557,33 @@ impl Worker {
             return false;
         }
         true
+    }
+}
+
+/// Whether a message of a world with its full share of held-back messages
+/// is rejected rather than held back: an agent's, outside observe mode.
+fn sheds(judge: &Judge, origin: &Origin) -> bool {
+    matches!(
+        origin,
+        Origin::Raw {
+            kind: SenderKind::Agent,
+            ..
+        }
+    ) && judge.settings().config.mode != Mode::Observe
+}
+
+/// What stands in for the id of a message whose payload names none: its
+/// `Nats-Msg-Id` header, else `stable_id` (JetStream's stream position).
+fn fallback_id<'a>(message: &'a Message, stable_id: Option<&'a str>) -> FallbackId<'a> {
+    FallbackId {
+        header: message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+            .map(|v| v.as_str())
+            // An empty header names no message (see `envelope::id_field`).
+            .filter(|id| !id.is_empty()),
+        stable: stable_id,
     }
 }
 
