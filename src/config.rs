@@ -939,6 +939,10 @@ pub struct PolicyHook {
     pub subject: String,
     pub timeout_ms: u64,
     pub fail: FailMode,
+    /// Timeouts in a row after which the subject is not asked for a while
+    /// (`breaker::REST`): its messages fail at once meanwhile. 0: always
+    /// asked.
+    pub trip_after: u32,
 }
 
 impl Default for PolicyHook {
@@ -947,6 +951,7 @@ impl Default for PolicyHook {
             subject: String::new(),
             timeout_ms: 500,
             fail: FailMode::Open,
+            trip_after: crate::breaker::TRIP_AFTER,
         }
     }
 }
@@ -1193,6 +1198,12 @@ fn validate_rules(key: &str, rules: &RulesConfig) -> Result<(), ConfigError> {
         return Err(invalid(
             format!("{key}.policy.timeout_ms"),
             "must be 1 to 10000",
+        ));
+    }
+    if rules.policy.trip_after > 10_000 {
+        return Err(invalid(
+            format!("{key}.policy.trip_after"),
+            "must be 0 (never rest) to 10000",
         ));
     }
     // A window of 0 holds nothing, so its rule would never reject: turned
@@ -1539,6 +1550,8 @@ mod tests {
         // A range is checked with its feature off too, as the chart's schema does.
         let e = error_of("[rules.policy]\ntimeout_ms = 0\n", &[]);
         assert!(e.contains("rules.policy.timeout_ms"), "{e}");
+        let e = error_of("[rules.policy]\ntrip_after = 10001\n", &[]);
+        assert!(e.contains("rules.policy.trip_after"), "{e}");
     }
 
     #[test]

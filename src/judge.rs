@@ -111,6 +111,9 @@ pub struct PolicyCheck {
     pub subject: String,
     pub timeout: std::time::Duration,
     pub fail: FailMode,
+    /// Timeouts in a row after which the subject rests
+    /// (`rules.policy.trip_after`).
+    pub trip_after: u32,
     /// The message as it would be delivered (its egress JSON).
     pub request: Bytes,
     pub pending: Box<Pending>,
@@ -183,7 +186,20 @@ pub struct Pending {
 pub enum PolicyOutcome {
     Approve,
     Reject(String),
-    Failed { timeout: bool, why: String },
+    Failed { failure: PolicyFailure, why: String },
+}
+
+/// Why the policy service gave no answer (a label of
+/// `loopguard_policy_requests_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyFailure {
+    /// None within `timeout_ms`.
+    Timeout,
+    /// No responders, or an answer that is not one.
+    Error,
+    /// Not asked: it did not answer the last questions
+    /// ([`crate::breaker`]).
+    Skipped,
 }
 
 /// The egress payload (contract §4): the ingress fields plus loopguard's.
@@ -391,18 +407,21 @@ impl Judge {
     /// `ingest::MAX_HELD_PER_WORLD`). Reads none of the world's state and
     /// changes none: a message that is not held back has no place in the
     /// world's order. One the rules could not read at all is rejected for
-    /// that, as `decide` would.
+    /// that, as `decide` would. `None` for a pass, which the policy service
+    /// is never asked about and which hands the world back to a human: it
+    /// is held back, to be decided in its turn.
     pub fn shed(
         &self,
-        world: Name,
-        sender: Name,
+        world: &Name,
+        sender: &Name,
         payload: &[u8],
         fallback_id: FallbackId<'_>,
         held: usize,
-    ) -> Decision {
+    ) -> Option<Decision> {
         let settings = self.settings();
         let limit = settings.config.limits.max_payload_bytes;
         let (id, rule, reason) = match envelope::parse(payload, fallback_id, limit) {
+            Ok(env) if pass::is_pass(&env.content) => return None,
             Ok(env) => (
                 env.id.unwrap_or_else(new_id),
                 RuleName::Policy,
@@ -410,17 +429,20 @@ impl Judge {
             ),
             Err(e) => (rejected_id(fallback_id, limit), unreadable(&e), e.to_string()),
         };
+        if rule == RuleName::Policy {
+            self.metrics.policy_backlog();
+        }
         let mut d = Decision::rejected(
-            Some(world),
+            Some(world.clone()),
             Some(SenderKind::Agent),
-            sender.into(),
+            sender.clone().into(),
             id,
             rule,
             reason,
             self.observed_at(),
         );
         self.report(&mut d, &settings);
-        d
+        Some(d)
     }
 
     /// Logs and counts a final decision and queues its event.
@@ -709,6 +731,7 @@ impl Judge {
                 subject: policy.subject.clone(),
                 timeout: std::time::Duration::from_millis(policy.timeout_ms),
                 fail: policy.fail,
+                trip_after: policy.trip_after,
                 request: body,
                 pending: Box::new(Pending {
                     waiting: self.worlds.wait(&world, &handle),
@@ -837,7 +860,6 @@ impl Judge {
     }
 }
 
-/// A fresh id for a message that came without one.
 /// The rule that rejects a message the envelope could not be read from.
 fn unreadable(e: &EnvelopeError) -> RuleName {
     match e {
@@ -846,6 +868,7 @@ fn unreadable(e: &EnvelopeError) -> RuleName {
     }
 }
 
+/// A fresh id for a message that came without one.
 fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
@@ -1500,19 +1523,18 @@ mod tests {
     }
 
     /// A message shed for its world's backlog is rejected as rule `policy`
-    /// with its own id, and reads or changes nothing of the world; one that
-    /// cannot be read is rejected for that instead.
+    /// with its own id, counted, and reads or changes nothing of the world;
+    /// one that cannot be read is rejected for that instead, and a pass is
+    /// not shed.
     #[test]
     fn a_shed_message_is_a_policy_rejection_that_touches_no_state() {
         let rig = Rig::new(|c| c.rules.policy.subject = "policy.check".into());
         let (w, alice) = (Name::parse("w").unwrap(), Name::parse("alice").unwrap());
-        let d = rig.judge.shed(
-            w.clone(),
-            alice.clone(),
-            br#"{"id":"m-1","content":"hello"}"#,
-            FallbackId::default(),
-            64,
-        );
+        let shed = |payload: &[u8]| {
+            rig.judge
+                .shed(&w, &alice, payload, FallbackId::default(), 64)
+        };
+        let d = shed(br#"{"id":"m-1","content":"hello"}"#).expect("shed");
         assert_eq!(
             (d.outcome, d.rule, d.id.as_str()),
             (Outcome::Rejected, Some(RuleName::Policy), "m-1")
@@ -1522,11 +1544,18 @@ mod tests {
         assert_eq!(d.outbound.len(), 1, "the event only");
         assert!(rig.judge.worlds().get(&w).is_none(), "no world was made");
 
-        let d = rig
-            .judge
-            .shed(w.clone(), alice, b"\xff\xfe", FallbackId::default(), 64);
+        let d = shed(b"\xff\xfe").expect("shed");
         assert_eq!(d.rule, Some(RuleName::Invalid));
         assert!(rig.judge.worlds().get(&w).is_none());
+        assert!(
+            shed(b"<world>pass</world>").is_none(),
+            "a pass is held back"
+        );
+        let scrape = String::from_utf8(rig.judge.metrics().encode()).unwrap();
+        assert!(
+            scrape.contains("loopguard_policy_requests_total{outcome=\"backlog\"} 1"),
+            "{scrape}"
+        );
     }
 
     /// A world the cache evicts while its message waits for the policy hook

@@ -20,7 +20,8 @@
 //!   - [`routing`]: public transcript or inboxes, from [`mentions`].
 //! - [`events`]: the one place a decision is logged, counted ([`metrics`]) and
 //!   turned into its event.
-//! - [`publish`]: sends the decided copies, notice and event to NATS.
+//! - [`publish`]: sends the decided copies, notice and event to NATS, and
+//!   asks the policy service ([`breaker`]: not while it does not answer).
 //! - [`admin`]: HTTP — `/metrics`, `/healthz`, `/readyz`, the world view and
 //!   reset.
 //! - [`app`]: wiring, start-up and the graceful drain; [`shutdown`]: signals.
@@ -46,6 +47,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 pub mod admin;
 pub mod app;
+pub mod breaker;
 pub mod clock;
 pub mod config;
 pub mod envelope;

@@ -28,7 +28,7 @@ pub struct Metrics {
     pub ready: IntGauge,
     dropped: IntCounterVec,
     /// Policy hook answers: [approve, reject, timeout, error].
-    policy: [IntCounter; 4],
+    policy: [IntCounter; 6],
     /// Time the policy service took to answer (or to time out).
     pub policy_duration: Histogram,
     /// Worlds per conversation state, by `Conversation as usize`.
@@ -233,11 +233,13 @@ impl Metrics {
             crate::state::Conversation::ALL.map(|c| by_state_vec.with_label_values(&[c.as_str()]));
         let policy_vec = counter_vec(
             "loopguard_policy_requests_total",
-            "Policy hook requests, by outcome: approve, reject, timeout, error.",
+            "Policy hook requests, by outcome: approve, reject, timeout, error; and not sent: skipped (the service left the last ones unanswered), backlog (the world had too many waiting).",
             &["outcome"],
         );
-        let policy =
-            ["approve", "reject", "timeout", "error"].map(|o| policy_vec.with_label_values(&[o]));
+        let policy = [
+            "approve", "reject", "timeout", "error", "skipped", "backlog",
+        ]
+        .map(|o| policy_vec.with_label_values(&[o]));
         let policy_duration = Histogram::with_opts(
             HistogramOpts::new(
                 "loopguard_policy_duration_seconds",
@@ -308,14 +310,23 @@ impl Metrics {
 
     /// Counts a policy hook answer.
     pub fn policy(&self, outcome: &crate::judge::PolicyOutcome) {
-        use crate::judge::PolicyOutcome;
+        use crate::judge::{PolicyFailure, PolicyOutcome};
         let i = match outcome {
             PolicyOutcome::Approve => 0,
             PolicyOutcome::Reject(_) => 1,
-            PolicyOutcome::Failed { timeout: true, .. } => 2,
-            PolicyOutcome::Failed { timeout: false, .. } => 3,
+            PolicyOutcome::Failed { failure, .. } => match failure {
+                PolicyFailure::Timeout => 2,
+                PolicyFailure::Error => 3,
+                PolicyFailure::Skipped => 4,
+            },
         };
         self.policy[i].inc();
+    }
+
+    /// Counts an agent message rejected undecided, its world's backlog
+    /// behind the policy service full (`Judge::shed`).
+    pub fn policy_backlog(&self) {
+        self.policy[5].inc();
     }
 
     /// Counts a configuration reload attempt.

@@ -1,13 +1,16 @@
 //! Publishing decided messages to NATS, in the order the judge queued them.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
 use async_nats::jetstream::context::{
     PublishAckFuture, PublishError as StoreError, PublishErrorKind,
 };
+use async_nats::RequestErrorKind;
 
-use crate::judge::{Outbound, PolicyCheck, PolicyOutcome};
+use crate::breaker::{Breakers, Ended};
+use crate::judge::{Outbound, PolicyCheck, PolicyFailure, PolicyOutcome};
 use crate::metrics::{DropReason, Metrics};
 
 /// The longest wait for a stream's answer to a JetStream publish before
@@ -24,6 +27,8 @@ pub struct Publisher {
     answered: Option<Answered>,
     /// Counts what could not be sent.
     metrics: Metrics,
+    /// Which policy services are not asked for now, shared by every clone.
+    breakers: Arc<Breakers>,
 }
 
 /// Where and how copies are sent as JetStream publishes.
@@ -41,6 +46,7 @@ impl Publisher {
             client,
             answered: None,
             metrics,
+            breakers: Arc::default(),
         }
     }
 
@@ -74,6 +80,7 @@ impl Publisher {
                 prefixes,
             }),
             metrics,
+            breakers: Arc::default(),
         }
     }
 
@@ -171,25 +178,47 @@ impl Publisher {
 
     /// Asks the policy service about one message: a NATS request with the
     /// message's egress JSON, answered by `{"decision": "approve"|"reject",
-    /// "reason": "…"}`.
+    /// "reason": "…"}`. Not while the subject rests ([`crate::breaker`]).
     pub async fn ask_policy(&self, check: &PolicyCheck) -> PolicyOutcome {
+        let subject = check.subject.as_str();
+        let resting = match check.trip_after {
+            0 => None, // always asked
+            _ => self.breakers.resting(subject, Instant::now()),
+        };
+        if let Some(left) = resting {
+            return PolicyOutcome::Failed {
+                failure: PolicyFailure::Skipped,
+                why: format!(
+                    "not asked: its last {} questions went unanswered; asked again in {} ms",
+                    check.trip_after,
+                    left.as_millis().max(1)
+                ),
+            };
+        }
         let request = self
             .client
             .request(check.subject.clone(), check.request.clone());
         let reply = match tokio::time::timeout(check.timeout, request).await {
-            Err(_) => {
-                return PolicyOutcome::Failed {
-                    timeout: true,
-                    why: format!("no answer within {} ms", check.timeout.as_millis()),
-                }
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(e)) if e.kind() != RequestErrorKind::TimedOut => {
+                Err((PolicyFailure::Error, e.to_string()))
             }
-            Ok(Err(e)) => {
-                return PolicyOutcome::Failed {
-                    timeout: false,
-                    why: e.to_string(),
-                }
-            }
-            Ok(Ok(reply)) => reply,
+            // Or the client's own request timeout (10 s), which the longest
+            // `timeout_ms` may meet.
+            _ => Err((
+                PolicyFailure::Timeout,
+                format!("no answer within {} ms", check.timeout.as_millis()),
+            )),
+        };
+        let ended = match &reply {
+            Err((PolicyFailure::Timeout, _)) => Ended::TimedOut,
+            _ => Ended::Answered,
+        };
+        self.breakers
+            .record(subject, ended, Instant::now(), check.trip_after);
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err((failure, why)) => return PolicyOutcome::Failed { failure, why },
         };
         #[derive(serde::Deserialize)]
         struct Answer {
@@ -207,7 +236,7 @@ impl Publisher {
                     .collect(),
             ),
             _ => PolicyOutcome::Failed {
-                timeout: false,
+                failure: PolicyFailure::Error,
                 why: "the answer is not {\"decision\": \"approve\"|\"reject\"}".into(),
             },
         }

@@ -1380,10 +1380,12 @@ impl Worlds {
     /// The world's state if it is held, or if a message of it waits for
     /// the policy service.
     pub fn get(&self, world: &Name) -> Option<WorldHandle> {
-        self.cache.get(world).or_else(|| {
-            let waiting = lock_waiting(&self.waiting);
-            waiting.get(world).map(|(handle, _)| handle.clone())
-        })
+        // The waiting first: an answer puts its world back in the cache
+        // before it lets go of it here, so one missed here is in the cache.
+        let waiting = lock_waiting(&self.waiting)
+            .get(world)
+            .map(|(h, _)| h.clone());
+        waiting.or_else(|| self.cache.get(world))
     }
 
     /// Marks `world` as waiting for the policy service until the returned

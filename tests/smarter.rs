@@ -541,10 +541,77 @@ async fn a_world_waiting_for_the_policy_holds_back_only_its_own_messages() {
     );
 }
 
+/// A policy service that stops answering is not asked for a while after
+/// `trip_after` timeouts in a row: the next messages fail (here open) at
+/// once, counted as `skipped`, and no request goes out for them.
+#[tokio::test]
+async fn a_service_that_stops_answering_is_not_asked_for_a_while() {
+    use futures::{FutureExt, StreamExt};
+    let mut h = Harness::start(&format!(
+        "{BASE}[rules.policy]\nsubject = \"policy.void\"\ntimeout_ms = 200\ntrip_after = 3\n"
+    ))
+    .await;
+    // Listening, never answering.
+    let mut void = h.client.subscribe("policy.void").await.unwrap();
+    h.client.flush().await.unwrap();
+    let worlds = |prefix: &'static str, n: usize| (0..n).map(move |i| format!("{prefix}{i}"));
+    // Three worlds ask at once (one request each), and all time out.
+    for world in worlds("asked", 3) {
+        h.send_json(&world, "agent", "alice", msg("asked")).await;
+    }
+    // Settled together: one world's outputs may come before another's
+    // barrier.
+    let mut out = support::Outputs(Vec::new());
+    for world in worlds("asked", 3) {
+        out.0.extend(h.settle(&world).await.0);
+    }
+    for world in worlds("asked", 3) {
+        assert_eq!(out.public(&world).len(), 1, "fails open: {out:#?}");
+        assert_eq!(
+            out.event(&world).str("reason"),
+            "passed every rule; policy check failed (no answer within 200 ms), failing open"
+        );
+    }
+    for world in worlds("rested", 4) {
+        h.send_json(&world, "agent", "alice", msg("not asked"))
+            .await;
+    }
+    let mut out = support::Outputs(Vec::new());
+    for world in worlds("rested", 4) {
+        out.0.extend(h.settle(&world).await.0);
+    }
+    for world in worlds("rested", 4) {
+        assert_eq!(out.public(&world).len(), 1, "fails open");
+        let reason = out.event(&world).str("reason").to_string();
+        assert!(
+            reason.starts_with(
+                "passed every rule; policy check failed (not asked: its last 3 questions went unanswered; asked again in "
+            ),
+            "{reason}"
+        );
+    }
+    // Each request went out before its message's event, on the same
+    // connections: all that were sent are here.
+    let mut requests = 0;
+    while let Some(Some(_)) = void.next().now_or_never() {
+        requests += 1;
+    }
+    assert_eq!(requests, 3, "only the first three were asked");
+    let scrape = support::Scrape::take(&h.loopguard.http_addr().await).await;
+    let outcome = |o| scrape.get("loopguard_policy_requests_total", &[("outcome", o)]);
+    assert_eq!((outcome("timeout"), outcome("skipped")), (3.0, 4.0));
+    assert_eq!(
+        scrape.get("loopguard_policy_duration_seconds_count", &[]),
+        3.0,
+        "only questions asked are timed"
+    );
+}
+
 /// One world cannot take a worker's whole room for held-back messages:
 /// past 64 behind its policy request, its agents' messages are rejected
-/// with a reason (rule `policy`) while its humans' are still held back, and
-/// what was held back is decided in order once the answer comes.
+/// with a reason (rule `policy`), while its humans' messages and an agent's
+/// pass are still held back; what was held back is decided in order once
+/// the answer comes.
 #[tokio::test]
 async fn past_its_share_a_waiting_world_s_agent_messages_are_rejected_not_held() {
     let mut h = Harness::start(&format!(
@@ -568,6 +635,8 @@ async fn past_its_share_a_waiting_world_s_agent_messages_are_rejected_not_held()
         h.send_json("flood", "agent", "bob", late).await;
     }
     h.send_json("flood", "human", "hank", msg("a human still held back"))
+        .await;
+    h.send_json("flood", "agent", "carol", msg("<world>pass</world>"))
         .await;
     let mut shed = Vec::new();
     support::within("the rejections", async {
@@ -604,11 +673,42 @@ async fn past_its_share_a_waiting_world_s_agent_messages_are_rejected_not_held()
     expected.extend((0..63).map(|i| format!("answer {i}")));
     expected.push("a human meanwhile".into());
     expected.push("a human still held back".into());
+    expected.push("@human carol is passing control to you".into());
     assert_eq!(contents, expected, "every held-back message, in order");
     let scrape = support::Scrape::take(&h.loopguard.http_addr().await).await;
     assert_eq!(
         scrape.get("loopguard_suppressed_total", &[("rule", "policy")]),
         3.0
+    );
+    assert_eq!(
+        scrape.get("loopguard_policy_requests_total", &[("outcome", "backlog")]),
+        3.0
+    );
+}
+
+/// Observe mode rejects nothing for the policy service, nor for a backlog
+/// behind it: past 64, a waiting world's agent messages are held back too.
+#[tokio::test]
+async fn in_observe_mode_a_waiting_world_holds_back_every_message() {
+    let mut h = Harness::start(&format!(
+        "mode = \"observe\"\n{BASE}[rules.policy]\nsubject = \"policy.gate\"\ntimeout_ms = 10000\n"
+    ))
+    .await;
+    let open = gated_policy_service(h.client.clone(), "policy.gate").await;
+    h.send_json("flood", "agent", "alice", msg("a slow answer"))
+        .await;
+    for i in 0..70 {
+        h.send_json("flood", "agent", "bob", msg(&format!("answer {i}")))
+            .await;
+    }
+    open.send(()).unwrap();
+    let out = h.settle("flood").await;
+    assert_eq!(out.public("flood").len(), 71, "all delivered");
+    assert!(
+        out.field("flood", "reason")
+            .iter()
+            .all(|r| !r.as_str().unwrap().contains("backlog")),
+        "none shed"
     );
 }
 
@@ -626,7 +726,7 @@ async fn requests_the_policy_service_never_answers_leave_nothing_behind() {
     let lg = support::Loopguard::spawn(
         &nats.url(),
         &format!(
-            "{BASE}[rules.policy]\nsubject = \"policy.void\"\ntimeout_ms = 1\nfail = \"closed\"\n"
+            "{BASE}[rules.policy]\nsubject = \"policy.void\"\ntimeout_ms = 1\nfail = \"closed\"\ntrip_after = 0\n"
         ),
     );
     let client = support::within("client", async_nats::connect(nats.url()))

@@ -35,7 +35,7 @@ use tokio::sync::mpsc;
 
 use crate::config::Mode;
 use crate::envelope::FallbackId;
-use crate::judge::{Decision, Judge, Outbound, PolicyCheck, PolicyOutcome};
+use crate::judge::{Decision, Judge, Outbound, PolicyCheck, PolicyFailure, PolicyOutcome};
 use crate::names::Name;
 use crate::publish::{Answer, Publisher};
 use crate::subject::{Origin, SenderKind, Subjects};
@@ -278,40 +278,21 @@ impl Worker {
     /// rejects an agent's).
     async fn handle(&mut self, work: Work) {
         if !self.parked.is_empty() {
-            if let Some(waiting) = work.origin.world().and_then(|w| self.parked.get_mut(w)) {
-                let held = waiting.len();
-                if held < MAX_HELD_PER_WORLD || !sheds(&self.judge, &work.origin) {
+            let held = work.origin.world().and_then(|w| self.parked.get(w));
+            if let Some(held) = held.map(VecDeque::len) {
+                if held >= MAX_HELD_PER_WORLD {
+                    if let Some(decision) = shed(&self.judge, &work, held) {
+                        return self.conclude(decision.outbound, work.delivery).await;
+                    }
+                }
+                if let Some(waiting) = work.origin.world().and_then(|w| self.parked.get_mut(w)) {
                     waiting.push_back(work);
                     self.parked_len += 1;
-                    return;
                 }
-                return self.shed(work, held).await;
+                return;
             }
         }
         self.process(work).await;
-    }
-
-    /// Rejects an agent message of a world that has `held` messages held
-    /// back behind its policy request, and publishes the event.
-    async fn shed(&mut self, work: Work, held: usize) {
-        let Work {
-            origin: Origin::Raw { world, sender, .. },
-            message,
-            delivery,
-        } = work
-        else {
-            debug_assert!(false, "only raw messages are shed");
-            return;
-        };
-        let stable = delivery.as_ref().map(|d| d.stable_id.as_str());
-        let decision = self.judge.shed(
-            world,
-            sender,
-            &message.payload,
-            fallback_id(&message, stable),
-            held,
-        );
-        self.conclude(decision.outbound, delivery).await;
     }
 
     /// Decides one message and publishes its outputs, or sends its policy
@@ -467,8 +448,16 @@ impl Worker {
             took,
         }: Asked,
     ) {
-        let metrics = self.judge.metrics();
-        metrics.policy_duration.observe(took.as_secs_f64());
+        if !matches!(
+            outcome,
+            PolicyOutcome::Failed {
+                failure: PolicyFailure::Skipped,
+                ..
+            }
+        ) {
+            let metrics = self.judge.metrics();
+            metrics.policy_duration.observe(took.as_secs_f64());
+        }
         let world = decision.world.clone();
         let decision = self.judge.finish(*decision, check, outcome);
         self.conclude(decision.outbound, delivery).await;
@@ -560,16 +549,31 @@ impl Worker {
     }
 }
 
-/// Whether a message of a world with its full share of held-back messages
-/// is rejected rather than held back: an agent's, outside observe mode.
-fn sheds(judge: &Judge, origin: &Origin) -> bool {
-    matches!(
-        origin,
-        Origin::Raw {
-            kind: SenderKind::Agent,
-            ..
-        }
-    ) && judge.settings().config.mode != Mode::Observe
+/// The rejection of a message whose world already holds back `held`
+/// behind its policy request, when it is rejected rather than held back:
+/// an agent's, outside observe mode, but not a pass (see [`Judge::shed`]),
+/// and not a JetStream redelivery, whose first delivery may be among those
+/// held back or already decided (held back, it finds that decision).
+fn shed(judge: &Judge, work: &Work, held: usize) -> Option<Decision> {
+    let Origin::Raw {
+        world,
+        kind: SenderKind::Agent,
+        sender,
+    } = &work.origin
+    else {
+        return None;
+    };
+    if work
+        .delivery
+        .as_ref()
+        .is_some_and(|d| d.seen != jetstream::Seen::New)
+        || judge.settings().config.mode == Mode::Observe
+    {
+        return None;
+    }
+    let stable = work.delivery.as_ref().map(|d| d.stable_id.as_str());
+    let fallback = fallback_id(&work.message, stable);
+    judge.shed(world, sender, &work.message.payload, fallback, held)
 }
 
 /// What stands in for the id of a message whose payload names none: its
