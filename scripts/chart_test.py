@@ -188,6 +188,7 @@ def main():
     # 4. the schema refuses wrong types and unknown keys
     for bad in ["config.rules.turns.max=lots", "config.colour=blue", "config.mode=loud", "replicaCount=-1", "replicaCount=2",
                 "config.worlds.bad\\.name.agents={x}", "config.state.context_messages=300", "config.rules.policy.timeout_ms=20000",
+                "config.rules.policy.trip_after=10001",
                 "config.nats.jetstream.retention=forever", "updateStrategy.type=Sometimes",
                 "config.state.idle_seconds=315360001", "config.nats.jetstream.ack_wait_seconds=315360001",
                 "config.nats.subscription_capacity=16777217", "config.reload.watch_seconds=86401",

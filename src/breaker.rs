@@ -1,15 +1,21 @@
 //! A circuit breaker for the policy hook. After `rules.policy.trip_after`
 //! (default [`TRIP_AFTER`]) questions in a row to one subject went
-//! unanswered within their timeout, that
-//! subject is not asked for [`REST`]: meanwhile its questions fail at once,
-//! as an unanswered one would (`rules.policy.fail`), rather than each world
-//! waiting out `timeout_ms` for every agent message. Then questions go out
-//! again: an answer closes the breaker, another timeout opens it for
-//! [`REST`] more.
+//! unanswered within their timeout, that subject is not asked for
+//! [`REST`]: meanwhile its questions fail at once, as an unanswered one
+//! would (`rules.policy.fail`), rather than each world waiting out
+//! `timeout_ms` for every agent message. Then questions go out again: an
+//! answer closes the breaker, another timeout opens it for [`REST`] more.
+//! Answers that come while it rests, to questions sent before it tripped,
+//! are not counted: they say nothing of the service since, and under a
+//! partial failure would reopen it at once, again and again.
 //!
 //! Only timeouts count: a service that is gone gets "no responders" at
 //! once, and an unreadable answer is an answer, so neither makes anyone
-//! wait.
+//! wait; like an answer, they start the count again.
+//!
+//! Worlds that name the same subject share its count, each with its own
+//! threshold: a world is not asked while the subject rests and the count
+//! has reached the world's `trip_after`.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -34,7 +40,7 @@ pub struct Breakers {
 struct Breaker {
     /// Questions in a row that timed out.
     timeouts: u32,
-    /// While tripped: until when the subject is not asked.
+    /// Once tripped: until when the subject is not asked.
     resting_until: Option<Instant>,
 }
 
@@ -46,12 +52,26 @@ pub enum Ended {
     TimedOut,
 }
 
+/// Why a subject is not asked now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resting {
+    /// Until the rest ends.
+    pub left: Duration,
+    /// Questions in a row that timed out.
+    pub timeouts: u32,
+}
+
 impl Breakers {
-    /// How long `subject` still rests at `now`, if it does.
-    pub fn resting(&self, subject: &str, now: Instant) -> Option<Duration> {
+    /// Whether a world whose threshold is `trip_after` (not 0) does not ask
+    /// `subject` at `now`, and why.
+    pub fn resting(&self, subject: &str, now: Instant, trip_after: u32) -> Option<Resting> {
         let by_subject = self.lock();
-        let until = by_subject.get(subject)?.resting_until?;
-        (until > now).then(|| until - now)
+        let breaker = by_subject.get(subject)?;
+        let until = breaker.resting_until?;
+        (until > now && breaker.timeouts >= trip_after).then(|| Resting {
+            left: until - now,
+            timeouts: breaker.timeouts,
+        })
     }
 
     /// Counts how a question to `subject` ended at `now`; `trip_after`
@@ -60,12 +80,18 @@ impl Breakers {
         let mut by_subject = self.lock();
         match ended {
             Ended::Answered => {
-                if let Some(was) = by_subject.remove(subject) {
-                    if was.resting_until.is_some() {
-                        tracing::info!(
-                            subject,
-                            "policy service answers again; asking it every time"
-                        );
+                let Some(breaker) = by_subject.get(subject) else {
+                    return;
+                };
+                match breaker.resting_until {
+                    // Asked before the trip: not news of the service since.
+                    Some(until) if until > now => {}
+                    Some(_) => {
+                        by_subject.remove(subject);
+                        tracing::info!(subject, "policy service answers again");
+                    }
+                    None => {
+                        by_subject.remove(subject);
                     }
                 }
             }
@@ -102,23 +128,37 @@ impl Breakers {
 mod tests {
     use super::*;
 
+    const MS: Duration = Duration::from_millis(1);
+
+    fn rests(b: &Breakers, now: Instant) -> Option<Duration> {
+        b.resting("p", now, TRIP_AFTER).map(|r| r.left)
+    }
+
+    fn trip(b: &Breakers, now: Instant) {
+        for _ in 0..TRIP_AFTER {
+            b.record("p", Ended::TimedOut, now, TRIP_AFTER);
+        }
+    }
+
     #[test]
     fn trips_after_timeouts_in_a_row_and_rests() {
         let (b, t0) = (Breakers::default(), Instant::now());
         for i in 1..TRIP_AFTER {
             b.record("p", Ended::TimedOut, t0, TRIP_AFTER);
-            assert_eq!(b.resting("p", t0), None, "after {i} timeouts");
+            assert_eq!(rests(&b, t0), None, "after {i} timeouts");
         }
         b.record("p", Ended::TimedOut, t0, TRIP_AFTER);
-        assert_eq!(b.resting("p", t0), Some(REST));
-        let later = t0 + Duration::from_secs(2);
-        assert_eq!(b.resting("p", later), Some(REST - Duration::from_secs(2)));
-        assert_eq!(b.resting("other", later), None, "per subject");
         assert_eq!(
-            b.resting("p", t0 + REST),
-            None,
-            "asked again after the rest"
+            b.resting("p", t0, TRIP_AFTER),
+            Some(Resting {
+                left: REST,
+                timeouts: TRIP_AFTER
+            })
         );
+        let later = t0 + Duration::from_secs(2);
+        assert_eq!(rests(&b, later), Some(REST - Duration::from_secs(2)));
+        assert_eq!(b.resting("other", later, TRIP_AFTER), None, "per subject");
+        assert_eq!(rests(&b, t0 + REST), None, "asked again after the rest");
     }
 
     #[test]
@@ -129,23 +169,40 @@ mod tests {
         }
         b.record("p", Ended::Answered, t0, TRIP_AFTER);
         b.record("p", Ended::TimedOut, t0, TRIP_AFTER);
-        assert_eq!(b.resting("p", t0), None);
+        assert_eq!(rests(&b, t0), None);
         assert!(b.lock().get("p").is_some_and(|x| x.timeouts == 1));
+    }
+
+    #[test]
+    fn an_answer_while_it_rests_does_not_reopen_it() {
+        let (b, t0) = (Breakers::default(), Instant::now());
+        trip(&b, t0);
+        b.record("p", Ended::Answered, t0 + MS, TRIP_AFTER);
+        assert_eq!(rests(&b, t0 + MS), Some(REST - MS), "still resting");
     }
 
     #[test]
     fn after_the_rest_one_timeout_trips_again_and_one_answer_closes() {
         let (b, t0) = (Breakers::default(), Instant::now());
-        for _ in 0..TRIP_AFTER {
-            b.record("p", Ended::TimedOut, t0, TRIP_AFTER);
-        }
+        trip(&b, t0);
         let after = t0 + REST;
-        assert_eq!(b.resting("p", after), None);
+        assert_eq!(rests(&b, after), None);
         b.record("p", Ended::TimedOut, after, TRIP_AFTER);
-        assert_eq!(b.resting("p", after), Some(REST), "still failing");
+        assert_eq!(rests(&b, after), Some(REST), "still failing");
+        let after = after + REST;
         b.record("p", Ended::Answered, after, TRIP_AFTER);
-        assert_eq!(b.resting("p", after), None);
+        assert_eq!(rests(&b, after), None);
         assert!(b.lock().is_empty(), "an answered subject is forgotten");
+    }
+
+    #[test]
+    fn worlds_sharing_a_subject_rest_at_their_own_threshold() {
+        let (b, t0) = (Breakers::default(), Instant::now());
+        for _ in 0..3 {
+            b.record("p", Ended::TimedOut, t0, 3);
+        }
+        assert!(b.resting("p", t0, 3).is_some());
+        assert_eq!(b.resting("p", t0, 100), None, "a patient world still asks");
     }
 
     #[test]
@@ -154,7 +211,7 @@ mod tests {
         for _ in 0..100 {
             b.record("p", Ended::TimedOut, t0, 0);
         }
-        assert_eq!(b.resting("p", t0), None);
+        assert_eq!(rests(&b, t0), None);
         assert!(b.lock().is_empty(), "nothing kept for it");
     }
 }

@@ -27,7 +27,8 @@ pub struct Metrics {
     /// 1 while `/readyz` answers 200; what "not ready" alerts watch.
     pub ready: IntGauge,
     dropped: IntCounterVec,
-    /// Policy hook answers: [approve, reject, timeout, error].
+    /// Policy hook outcomes: [approve, reject, timeout, error, skipped,
+    /// backlog].
     policy: [IntCounter; 6],
     /// Time the policy service took to answer (or to time out).
     pub policy_duration: Histogram,

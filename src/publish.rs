@@ -9,7 +9,7 @@ use async_nats::jetstream::context::{
 };
 use async_nats::RequestErrorKind;
 
-use crate::breaker::{Breakers, Ended};
+use crate::breaker::{Breakers, Ended, Resting};
 use crate::judge::{Outbound, PolicyCheck, PolicyFailure, PolicyOutcome};
 use crate::metrics::{DropReason, Metrics};
 
@@ -183,14 +183,13 @@ impl Publisher {
         let subject = check.subject.as_str();
         let resting = match check.trip_after {
             0 => None, // always asked
-            _ => self.breakers.resting(subject, Instant::now()),
+            n => self.breakers.resting(subject, Instant::now(), n),
         };
-        if let Some(left) = resting {
+        if let Some(Resting { left, timeouts }) = resting {
             return PolicyOutcome::Failed {
                 failure: PolicyFailure::Skipped,
                 why: format!(
-                    "not asked: its last {} questions went unanswered; asked again in {} ms",
-                    check.trip_after,
+                    "not asked: its last {timeouts} questions went unanswered; asked again in {} ms",
                     left.as_millis().max(1)
                 ),
             };

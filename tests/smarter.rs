@@ -701,6 +701,12 @@ async fn in_observe_mode_a_waiting_world_holds_back_every_message() {
         h.send_json("flood", "agent", "bob", msg(&format!("answer {i}")))
             .await;
     }
+    // Barriers through 16 other worlds, so through flood's worker too
+    // (one of two, by hash) after its 70: all are held back by now.
+    for i in 0..16 {
+        let other = h.settle(&format!("other{i}")).await;
+        assert!(other.0.is_empty(), "nothing of flood yet: {other:?}");
+    }
     open.send(()).unwrap();
     let out = h.settle("flood").await;
     assert_eq!(out.public("flood").len(), 71, "all delivered");
