@@ -547,4 +547,20 @@ mostly that wait, and its rate is what 400 worlds at that pace allow.
   goes on with other worlds, holding back only that world's later
   messages: at most 256 requests in flight and 1,024 messages held back a
   worker, past which it takes no more until answers come.
+- **The breaker, the backlog cap and the waiting worlds.** Since
+  2026-11-22 (session 26) each question first asks the policy subject's
+  breaker whether it rests and then records how it ended (a lock and a
+  lookup in a map of failing subjects, empty here), a world whose message
+  waits is entered in a map the admin API reads (a lock, an insert, a
+  removal), and a held-back message checks its world's share of 64. Old
+  (43cf4a2) and new (97aa0b4) plain release builds, run in turn five
+  times each on 2026-11-22 from 20:10 UTC: (p1) 48,110 / 41,505 /
+  42,058 / 47,554 / 56,686 agent messages a second for the old code
+  (median 47,554) and 38,030 / 38,240 / 56,254 / 44,899 / 43,485 for the
+  new (median 43,485); (p0), with the hook off (a path these changes
+  leave alone), moved from 76,197 to 114,290 over the same runs. The
+  medians differ by 9%, inside the spread of either build: this benchmark
+  cannot resolve the difference. By estimate (a few hundred nanoseconds a
+  question, not measured alone, against a round trip of tens of
+  microseconds) none of that size is expected.
 NOTES
