@@ -52,12 +52,13 @@ pub const MAX_ASKING: usize = 256;
 /// requests. Past either bound it takes nothing new until answers come.
 pub const MAX_PARKED: usize = 1024;
 
-/// Messages a worker holds back at most behind one world's policy request.
-/// Past it, that world's agent messages are rejected undecided (rule
-/// `policy`, see [`Judge::shed`]) while its humans' and the system's are
-/// still held back, so one world flooding a slow service cannot fill
-/// [`MAX_PARKED`] alone and hold back every world. Not in observe mode,
-/// which rejects nothing for the service.
+/// Messages a worker holds back behind one world's policy request before
+/// that world's further agent messages are rejected undecided (rule
+/// `policy`, see [`Judge::shed`]), so one world flooding a slow service
+/// cannot fill [`MAX_PARKED`] alone and hold back every world. The rest are
+/// still held back: humans' and the system's messages, passes, joins,
+/// invalid subjects, JetStream redeliveries, and, in observe mode (which
+/// rejects nothing for the service), every message.
 pub const MAX_HELD_PER_WORLD: usize = 64;
 
 /// JetStream acknowledgements a worker holds before it confirms their
