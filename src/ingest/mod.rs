@@ -279,17 +279,15 @@ impl Worker {
     /// rejects an agent's).
     async fn handle(&mut self, work: Work) {
         if !self.parked.is_empty() {
-            let held = work.origin.world().and_then(|w| self.parked.get(w));
-            if let Some(held) = held.map(VecDeque::len) {
+            if let Some(waiting) = work.origin.world().and_then(|w| self.parked.get_mut(w)) {
+                let held = waiting.len();
                 if held >= MAX_HELD_PER_WORLD {
                     if let Some(decision) = shed(&self.judge, &work, held) {
                         return self.conclude(decision.outbound, work.delivery).await;
                     }
                 }
-                if let Some(waiting) = work.origin.world().and_then(|w| self.parked.get_mut(w)) {
-                    waiting.push_back(work);
-                    self.parked_len += 1;
-                }
+                waiting.push_back(work);
+                self.parked_len += 1;
                 return;
             }
         }
