@@ -1,6 +1,6 @@
 //! Wiring: connect to NATS, subscribe, start the workers, run until told to
 //! stop, then drain in order — intake, workers, publishes — within the grace
-//! period.
+//! period, then hand back what is still undecided.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -200,8 +200,16 @@ pub async fn run(
     let replay = jetstream
         .enabled
         .then(|| ingest::jetstream::Replay::new(max_ack_pending));
-    let (dispatcher, handles) =
-        Dispatcher::spawn(workers, judge.clone(), publisher.clone(), replay.clone());
+    // Set when the grace period is over: the workers then hand back what
+    // they have not decided.
+    let (grace_over_tx, grace_over) = tokio::sync::watch::channel(false);
+    let (dispatcher, handles) = Dispatcher::spawn(
+        workers,
+        judge.clone(),
+        publisher.clone(),
+        replay.clone(),
+        ingest::GraceOver::new(grace_over),
+    );
     let mut workers: futures::stream::FuturesUnordered<_> = handles.into_iter().collect();
     // Intake ending in an error (a worker stopped by a bug, a consumer that
     // refuses loopguard) starts the grace period, as a signal does.
@@ -275,8 +283,9 @@ pub async fn run(
     // The grace period runs from the signal (or the failure), not from
     // start-up.
     let grace = Duration::from_secs(config.shutdown.grace_seconds);
+    tokio::pin!(drain);
     let ended = tokio::select! {
-        intake = drain => {
+        intake = &mut drain => {
             tracing::info!("shutdown: complete");
             intake
         }
@@ -287,13 +296,30 @@ pub async fn run(
             }
             tokio::time::sleep(grace).await
         } => {
-            tracing::warn!(grace_seconds = grace.as_secs(), "shutdown: grace period over, exiting with work left");
+            tracing::warn!(grace_seconds = grace.as_secs(), "shutdown: grace period over; handing back what is left undecided, then exiting");
+            // What is still undecided (held behind policy requests, queued
+            // at workers) is handed back, and the drain goes on for as long
+            // as that takes: no deciding, no waiting for answers. Bounded,
+            // as NATS may be what held the drain up.
+            let _ = grace_over_tx.send(true);
+            match tokio::time::timeout(HAND_BACK_BOUND, &mut drain).await {
+                Ok(_) => tracing::info!("shutdown: what was left is handed back"),
+                Err(_) => tracing::warn!(
+                    bound_seconds = HAND_BACK_BOUND.as_secs(),
+                    "shutdown: could not hand back everything in time"
+                ),
+            }
             failure.get().map_or(Ok(()), |why| Err(AppError::Unfinished(why.clone())))
         }
     };
     http.abort();
     ended
 }
+
+/// How long, past the grace period, the workers may take to hand back what
+/// they have not decided (and the intake what it pulled): the intake's
+/// hand-back alone may take a second (see `ingest::jetstream::hand_back`).
+const HAND_BACK_BOUND: Duration = Duration::from_secs(2);
 
 /// The error for a worker that ended before intake did, or failed
 /// (`when`: while shutting down).

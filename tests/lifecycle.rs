@@ -313,6 +313,69 @@ async fn the_grace_period_bounds_a_drain_that_cannot_finish() {
     );
 }
 
+/// Core mode: when the grace period runs out, a message waiting for a
+/// policy service that does not answer, and those its world holds back,
+/// are dropped (at most once: nothing can hand them back), counted in the
+/// log; what the worker queued behind them for other worlds is still
+/// decided and published. loopguard exits 0.
+#[tokio::test]
+async fn when_the_grace_period_runs_out_the_undecided_messages_are_counted_as_dropped() {
+    use futures::StreamExt;
+    const HELD: usize = loopguard::ingest::MAX_PARKED;
+    const OTHERS: usize = 20;
+    let mut h = Harness::start(
+        "[shutdown]\ngrace_seconds = 1\n[rules.policy]\nsubject = \"policy.mute\"\ntimeout_ms = 10000\n",
+    )
+    .await;
+    // A service that takes the question and never answers.
+    let mut questions = within("subscribe", h.client.subscribe("policy.mute"))
+        .await
+        .unwrap();
+    within("flush", h.client.flush()).await.unwrap();
+    h.send_json("w", "agent", "a1", support::msg("waits for the policy"))
+        .await;
+    within("the policy question", questions.next()).await;
+    // Held back behind it, as many as a worker holds: it then takes nothing
+    // new, so other worlds' messages queue behind them on that worker (on
+    // the other, they are decided at once). Flushed, so the server has sent
+    // them all to loopguard before its drain unsubscribes.
+    for i in 0..HELD {
+        h.send_json("w", "human", "h1", support::msg(&format!("held {i}")))
+            .await;
+    }
+    for i in 0..OTHERS {
+        h.send_json(&format!("o{i}"), "human", "h1", support::msg("queued"))
+            .await;
+    }
+    within("flush", h.client.flush()).await.unwrap();
+    let status = h.loopguard.terminate().await;
+    let logs = h.loopguard.logs();
+    assert_eq!(status.code(), Some(0), "{logs}");
+    let line = logs
+        .lines()
+        .find(|l| l.contains("left undecided when the grace period ran out"))
+        .unwrap_or_else(|| panic!("no count of what was left: {logs}"));
+    assert!(
+        line.contains(&format!("dropped={}", HELD + 1)) && line.contains("handed_back=0"),
+        "{line}"
+    );
+    assert!(
+        logs.contains("shutdown: what was left is handed back"),
+        "{logs}"
+    );
+    let mut worlds = std::collections::BTreeSet::new();
+    within("the other worlds' copies", async {
+        while worlds.len() < OTHERS {
+            let got = h.recv().await.expect("a copy");
+            assert_ne!(got.subject, "chat.public.w", "a held message was decided");
+            if got.subject.starts_with("chat.public.o") {
+                worlds.insert(got.subject);
+            }
+        }
+    })
+    .await;
+}
+
 /// A second signal during the drain ends it at once, exit 1: the grace
 /// period (5 minutes here) is not waited out. One within a second of the
 /// first is the same request (a wrapper passing Ctrl-C on as SIGTERM while

@@ -646,53 +646,16 @@ async fn sigterm_hands_back_what_no_worker_took_for_prompt_redelivery() {
     let nats = NatsServer::start_jetstream();
     let (client, js) = connect(&nats).await;
     egress_stream(&js).await;
-    // The policy service: holds every request until `open` is sent.
-    let mut requests = within("subscribe", client.subscribe("policy.check"))
-        .await
-        .unwrap();
-    let (open, mut opened) = tokio::sync::oneshot::channel::<()>();
-    let answering = client.clone();
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        let mut gate_open = false;
-        loop {
-            tokio::select! {
-                _ = &mut opened, if !gate_open => {
-                    gate_open = true;
-                    for reply in held.drain(..) {
-                        let _ = answering.publish(reply, r#"{"decision":"approve"}"#.into()).await;
-                    }
-                }
-                m = requests.next() => {
-                    let Some(reply) = m.and_then(|m| m.reply) else { break };
-                    if gate_open {
-                        let _ = answering.publish(reply, r#"{"decision":"approve"}"#.into()).await;
-                    } else {
-                        held.push(reply);
-                    }
-                }
-            }
-        }
-    });
-    let config = format!(
-        "[shutdown]\ngrace_seconds = 45\n[rules.policy]\nsubject = \"policy.check\"\ntimeout_ms = 10000\nfail = \"open\"\n{JS_CONFIG}"
-    )
-    .replace("ack_wait_seconds = 2", "ack_wait_seconds = 120");
+    let open = held_policy_service(&client).await;
+    let config = held_policy_config(45);
     let mut first = Loopguard::spawn(&nats.url(), &config);
     until_ready(&first).await;
-    // One world, so one worker: three humans' messages (the policy is not
-    // asked about those), then three agents' that each hold the world until
-    // the policy answers (three, so that a slow machine running out one
-    // 10 s timeout still holds it), then humans' again. The worker asks
+    // One world (see `held_world_subject`). The worker asks
     // about message 4 and holds back 5 to 1028 behind it, then takes no
     // more: its queue holds 1029 to 5124; the intake waits to hand it 5125,
     // just after the pull asked for 200 more (the client asks when no more
     // than 100 of what it asked for are still to come).
-    publish_each(&js, 0..N, |i| match i {
-        3..6 => "chat.raw.w0.agent.a1".to_owned(),
-        _ => "chat.raw.w0.human.h1".to_owned(),
-    })
-    .await;
+    publish_each(&js, 0..N, held_world_subject).await;
     // The worker's queue is full, and the client holds much of the rest.
     within("the pull to deliver past the worker's queue", async {
         while ingest_consumer(&js).await.num_ack_pending < TAKEN + 250 {
@@ -728,6 +691,121 @@ async fn sigterm_hands_back_what_no_worker_took_for_prompt_redelivery() {
     );
 
     a_second_run_finishes_all(&nats, &js, &config, N as u64).await;
+}
+
+/// When the grace period runs out, what the worker still holds undecided
+/// (a message waiting for the policy service, the messages its world holds
+/// back, its queue) is handed back too: the next run gets it within
+/// seconds, not after `ack_wait` (two minutes, past the test's wait).
+#[tokio::test]
+async fn when_the_grace_period_runs_out_the_undecided_messages_are_handed_back() {
+    // The message that asks, all the worker holds back behind it, and
+    // some of its queue.
+    const N: usize = loopguard::ingest::MAX_PARKED + 1000;
+    let nats = NatsServer::start_jetstream();
+    let (client, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    let open = held_policy_service(&client).await;
+    // The service answers no one until after the first run: its question
+    // outlasts the grace period (its timeout is 10 s).
+    let config = held_policy_config(1);
+    let mut first = Loopguard::spawn(&nats.url(), &config);
+    until_ready(&first).await;
+    // As in the test above: three humans' messages decided, the first
+    // agent's waits, the rest wait behind it, then in the worker's queue.
+    publish_each(&js, 0..N, held_world_subject).await;
+    within("the pull to deliver every message", async {
+        while ingest_consumer(&js).await.delivered.stream_sequence < N as u64 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    first.signal("TERM");
+    let status = first.exited().await;
+    assert_eq!(status.code(), Some(0), "{}", first.logs());
+    let logs = first.logs();
+    assert!(logs.contains("shutdown: grace period over"), "{logs}");
+    let count = |key: &str| -> usize {
+        logs.lines()
+            .filter(|l| l.contains("left undecided when the grace period ran out"))
+            .map(|line| {
+                let at = line.find(&format!("{key}=")).expect(key) + key.len() + 1;
+                let digits: String = line[at..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                digits.parse::<usize>().expect(key)
+            })
+            .sum()
+    };
+    // All but the three humans' messages decided before the agent's.
+    assert_eq!(count("handed_back"), N - 3, "{logs}");
+    assert_eq!(count("not_handed_back") + count("dropped"), 0, "{logs}");
+    until_stream_holds(&js, "EGRESS", 3, &first).await;
+    assert_eq!(
+        stream_messages(&js, "EGRESS").await,
+        3,
+        "only the first three were decided"
+    );
+
+    let _ = open.send(());
+    a_second_run_finishes_all(&nats, &js, &config, N as u64).await;
+}
+
+/// A policy service on `policy.check` (subscribed before it returns): it
+/// holds every request until the returned sender is used, then approves
+/// those and every later one at once.
+async fn held_policy_service(client: &async_nats::Client) -> tokio::sync::oneshot::Sender<()> {
+    let mut requests = within("subscribe", client.subscribe("policy.check"))
+        .await
+        .unwrap();
+    within("subscribed", client.flush()).await.unwrap();
+    let (open, mut opened) = tokio::sync::oneshot::channel::<()>();
+    let answering = client.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        let mut gate_open = false;
+        loop {
+            tokio::select! {
+                _ = &mut opened, if !gate_open => {
+                    gate_open = true;
+                    for reply in held.drain(..) {
+                        let _ = answering.publish(reply, r#"{"decision":"approve"}"#.into()).await;
+                    }
+                }
+                m = requests.next() => {
+                    let Some(reply) = m.and_then(|m| m.reply) else { break };
+                    if gate_open {
+                        let _ = answering.publish(reply, r#"{"decision":"approve"}"#.into()).await;
+                    } else {
+                        held.push(reply);
+                    }
+                }
+            }
+        }
+    });
+    open
+}
+
+/// JetStream with the policy hook on [`held_policy_service`] (a 10 s
+/// timeout, failing open), `ack_wait` two minutes (past any wait of the
+/// tests), and a grace period of `grace_seconds`.
+fn held_policy_config(grace_seconds: u64) -> String {
+    format!(
+        "[shutdown]\ngrace_seconds = {grace_seconds}\n[rules.policy]\nsubject = \"policy.check\"\ntimeout_ms = 10000\nfail = \"open\"\n{JS_CONFIG}"
+    )
+    .replace("ack_wait_seconds = 2", "ack_wait_seconds = 120")
+}
+
+/// One world, so one worker: three humans' messages (the policy is not
+/// asked about those), then three agents' that each hold the world until
+/// the policy answers (three, so that a slow machine running out one 10 s
+/// timeout still holds it), then humans' again.
+fn held_world_subject(i: usize) -> String {
+    match i {
+        3..6 => "chat.raw.w0.agent.a1".to_owned(),
+        _ => "chat.raw.w0.human.h1".to_owned(),
+    }
 }
 
 #[tokio::test]

@@ -727,7 +727,7 @@ async fn hand_back(mut messages: pull::Stream) {
 /// first (sent before the naks, but through a queue that may be full, and
 /// a server with leaf nodes or gateways still serves a pull for 250 ms
 /// after its interest is gone); short against `ack_wait`.
-const HAND_BACK_DELAY: Duration = Duration::from_secs(1);
+pub(super) const HAND_BACK_DELAY: Duration = Duration::from_secs(1);
 
 /// Errors [`hand_back`] reads past while taking what the pull holds.
 const HAND_BACK_MAX_ERRORS: usize = 16;

@@ -27,11 +27,12 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use async_nats::jetstream::AckKind;
 use async_nats::Message;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::config::Mode;
 use crate::envelope::FallbackId;
@@ -70,6 +71,33 @@ pub const ACK_BATCH: usize = 256;
 /// that it confirms its batch early.
 pub const ANSWER_BATCH: usize = 1024;
 
+/// Set once the grace period is over (by `app`): workers then await no
+/// more policy answers. What waits for one is given up, with what its world
+/// holds back behind it (see [`Worker::abandon`]); in JetStream mode
+/// everything else still undecided is handed back too, so the next
+/// instance decides a world's messages in order, and in core mode it is
+/// still decided, as nothing could hand it back.
+#[derive(Clone)]
+pub struct GraceOver(watch::Receiver<bool>);
+
+impl GraceOver {
+    pub fn new(over: watch::Receiver<bool>) -> GraceOver {
+        GraceOver(over)
+    }
+
+    fn is_over(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves once the grace period is over; never, if no one can say so
+    /// any more.
+    async fn wait(mut self) {
+        if self.0.wait_for(|over| *over).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 /// How a JetStream message is acknowledged, and what identifies it.
 pub struct Delivery {
     pub acker: async_nats::jetstream::message::Acker,
@@ -106,14 +134,15 @@ pub struct Dispatcher {
 impl Dispatcher {
     /// Spawns `n` workers sharing `judge` and `publisher`; returns the
     /// dispatcher and the workers' handles, which end once the dispatcher is
-    /// dropped, their queues are empty and no policy answer is awaited.
-    /// `replay` is the JetStream mode's memory of decisions not yet
-    /// acknowledged.
+    /// dropped, their queues are empty and no policy answer is awaited
+    /// (once `grace_over` is set, none is). `replay` is the JetStream mode's
+    /// memory of decisions not yet acknowledged.
     pub fn spawn(
         n: usize,
         judge: Arc<Judge>,
         publisher: Publisher,
         replay: Option<jetstream::Replay>,
+        grace_over: GraceOver,
     ) -> (Dispatcher, Vec<tokio::task::JoinHandle<()>>) {
         let mut workers = Vec::with_capacity(n);
         let mut handles = Vec::with_capacity(n);
@@ -126,6 +155,7 @@ impl Dispatcher {
                 publisher.clone(),
                 replay.clone(),
                 queued.clone(),
+                grace_over.clone(),
             );
             handles.push(tokio::spawn(worker.run(rx)));
         }
@@ -179,6 +209,22 @@ struct Worker {
     parked: HashMap<Name, VecDeque<Work>>,
     /// Messages in `parked`'s queues.
     parked_len: usize,
+    /// Once set, no policy answer is awaited.
+    grace_over: GraceOver,
+    /// What was given up undecided once the grace period was over.
+    abandoned: Abandoned,
+}
+
+/// Messages a worker held undecided when the grace period ran out.
+#[derive(Default)]
+struct Abandoned {
+    /// JetStream messages nak'ed: redelivered a second later.
+    handed_back: usize,
+    /// JetStream messages whose nak could not be sent: redelivered after
+    /// `ack_wait`.
+    not_handed_back: usize,
+    /// Core messages: lost.
+    dropped: usize,
 }
 
 /// A message whose decision waits for the policy service.
@@ -186,9 +232,9 @@ struct Asked {
     decision: Box<Decision>,
     check: PolicyCheck,
     delivery: Option<Delivery>,
-    /// What the service said, and how long it took.
-    outcome: PolicyOutcome,
-    took: std::time::Duration,
+    /// What the service said, and how long it took; none if the grace
+    /// period ran out first.
+    answer: Option<(PolicyOutcome, std::time::Duration)>,
 }
 
 /// A decision: final, or waiting for the policy service.
@@ -203,6 +249,7 @@ impl Worker {
         publisher: Publisher,
         replay: Option<jetstream::Replay>,
         queued: Arc<AtomicUsize>,
+        grace_over: GraceOver,
     ) -> Worker {
         Worker {
             judge,
@@ -215,6 +262,8 @@ impl Worker {
             asking: FuturesUnordered::new(),
             parked: HashMap::new(),
             parked_len: 0,
+            grace_over,
+            abandoned: Abandoned::default(),
         }
     }
 
@@ -272,12 +321,29 @@ impl Worker {
             self.handle(work).await;
         }
         self.settle_acks().await;
+        let Abandoned {
+            handed_back,
+            not_handed_back,
+            dropped,
+        } = self.abandoned;
+        if handed_back + not_handed_back + dropped > 0 {
+            tracing::warn!(
+                handed_back,
+                not_handed_back,
+                dropped,
+                "shutdown: messages left undecided when the grace period ran out: handed back for redelivery (JetStream; those not handed back come back after ack_wait) or dropped (core)"
+            );
+        }
     }
 
     /// Decides one message, or parks it behind its world's message that
     /// waits for the policy service (or, past [`MAX_HELD_PER_WORLD`],
-    /// rejects an agent's).
+    /// rejects an agent's). Once the grace period is over, a JetStream
+    /// message is handed back instead.
     async fn handle(&mut self, work: Work) {
+        if work.delivery.is_some() && self.grace_over.is_over() {
+            return self.abandon(work.delivery).await;
+        }
         if !self.parked.is_empty() {
             if let Some(waiting) = work.origin.world().and_then(|w| self.parked.get_mut(w)) {
                 let held = waiting.len();
@@ -421,32 +487,44 @@ impl Worker {
             self.parked.entry(world.clone()).or_default();
         }
         let publisher = self.publisher.clone();
+        let grace_over = self.grace_over.clone();
         self.asking.push(Box::pin(async move {
             let started = std::time::Instant::now();
-            let outcome = publisher.ask_policy(&check).await;
+            let answer = tokio::select! {
+                outcome = publisher.ask_policy(&check) => Some((outcome, started.elapsed())),
+                () = grace_over.wait() => None,
+            };
             Asked {
                 decision,
                 check,
                 delivery,
-                outcome,
-                took: started.elapsed(),
+                answer,
             }
         }));
     }
 
     /// Follows the policy service's answer: publishes the message's outputs,
     /// then decides the messages its world held back, in order, until one
-    /// of them asks again.
+    /// of them asks again. Once the grace period is over, a message still
+    /// unanswered is given up with those its world held back, and in
+    /// JetStream mode those held back behind an answered one are handed
+    /// back.
     async fn answered(
         &mut self,
         Asked {
             decision,
             check,
             delivery,
-            outcome,
-            took,
+            answer,
         }: Asked,
     ) {
+        let world = decision.world.clone();
+        let Some((outcome, took)) = answer else {
+            // Dropped undecided: its world's state is as if it never came.
+            drop(decision);
+            self.abandon(delivery).await;
+            return self.abandon_held(world).await;
+        };
         if !matches!(
             outcome,
             PolicyOutcome::Failed {
@@ -457,9 +535,12 @@ impl Worker {
             let metrics = self.judge.metrics();
             metrics.policy_duration.observe(took.as_secs_f64());
         }
-        let world = decision.world.clone();
         let decision = self.judge.finish(*decision, check, outcome);
+        let jetstream = delivery.is_some();
         self.conclude(decision.outbound, delivery).await;
+        if jetstream && self.grace_over.is_over() {
+            return self.abandon_held(world).await;
+        }
         let Some((world, mut later)) = world.and_then(|w| self.parked.remove_entry(&w)) else {
             return;
         };
@@ -472,6 +553,37 @@ impl Worker {
                 again.append(&mut later);
                 return;
             }
+        }
+    }
+
+    /// Gives up (see [`Worker::abandon`]) the messages `world` held back
+    /// behind its policy request.
+    async fn abandon_held(&mut self, world: Option<Name>) {
+        let Some(held) = world.and_then(|w| self.parked.remove(&w)) else {
+            return;
+        };
+        self.parked_len -= held.len();
+        for work in held {
+            self.abandon(work.delivery).await;
+        }
+    }
+
+    /// Gives up a message left undecided when the grace period ran out: a
+    /// JetStream one is handed back (nak'ed), so the server delivers it
+    /// again a second later (to the next instance; the delay as the
+    /// intake's, see [`jetstream::HAND_BACK_DELAY`]) rather than after
+    /// `ack_wait`. A core one is dropped, as the process would lose it
+    /// anyway. Its outputs were never published, and its world's state
+    /// holds nothing of it.
+    async fn abandon(&mut self, delivery: Option<Delivery>) {
+        let Some(d) = delivery else {
+            self.abandoned.dropped += 1;
+            return;
+        };
+        let nak = AckKind::Nak(Some(jetstream::HAND_BACK_DELAY));
+        match d.acker.ack_with(nak).await {
+            Ok(()) => self.abandoned.handed_back += 1,
+            Err(_) => self.abandoned.not_handed_back += 1,
         }
     }
 
