@@ -203,12 +203,13 @@ pub async fn run(
     // Set when the grace period is over: the workers then hand back what
     // they have not decided.
     let (grace_over_tx, grace_over) = tokio::sync::watch::channel(false);
+    let grace_over = ingest::GraceOver::new(grace_over);
     let (dispatcher, handles) = Dispatcher::spawn(
         workers,
         judge.clone(),
         publisher.clone(),
         replay.clone(),
-        ingest::GraceOver::new(grace_over),
+        grace_over.clone(),
     );
     let mut workers: futures::stream::FuturesUnordered<_> = handles.into_iter().collect();
     // Intake ending in an error (a worker stopped by a bug, a consumer that
@@ -302,13 +303,16 @@ pub async fn run(
             // as that takes: no deciding, no waiting for answers. Bounded,
             // as NATS may be what held the drain up.
             let _ = grace_over_tx.send(true);
-            match tokio::time::timeout(HAND_BACK_BOUND, &mut drain).await {
-                Ok(_) => tracing::info!("shutdown: what was left is handed back"),
-                Err(_) => tracing::warn!(
-                    bound_seconds = HAND_BACK_BOUND.as_secs(),
-                    "shutdown: could not hand back everything in time"
-                ),
-            }
+            let finished = tokio::time::timeout(HAND_BACK_BOUND, &mut drain).await.is_ok();
+            let left = grace_over.left();
+            let count = |n: &std::sync::atomic::AtomicUsize| n.load(Ordering::Relaxed);
+            tracing::warn!(
+                handed_back = count(&left.handed_back),
+                not_handed_back = count(&left.not_handed_back),
+                dropped = count(&left.dropped),
+                finished,
+                "shutdown: messages left undecided when the grace period ran out (JetStream: handed back, so redelivered a second later, else after ack_wait, as are all if not finished; core: dropped)"
+            );
             failure.get().map_or(Ok(()), |why| Err(AppError::Unfinished(why.clone())))
         }
     };
@@ -319,6 +323,7 @@ pub async fn run(
 /// How long, past the grace period, the workers may take to hand back what
 /// they have not decided (and the intake what it pulled): the intake's
 /// hand-back alone may take a second (see `ingest::jetstream::hand_back`).
+/// `main` then gives tasks still running one more.
 const HAND_BACK_BOUND: Duration = Duration::from_secs(2);
 
 /// The error for a worker that ended before intake did, or failed

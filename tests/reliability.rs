@@ -647,7 +647,7 @@ async fn sigterm_hands_back_what_no_worker_took_for_prompt_redelivery() {
     let (client, js) = connect(&nats).await;
     egress_stream(&js).await;
     let open = held_policy_service(&client).await;
-    let config = held_policy_config(45);
+    let config = held_policy_config(45, 120);
     let mut first = Loopguard::spawn(&nats.url(), &config);
     until_ready(&first).await;
     // One world (see `held_world_subject`). The worker asks
@@ -673,14 +673,7 @@ async fn sigterm_hands_back_what_no_worker_took_for_prompt_redelivery() {
         .lines()
         .find(|l| l.contains("handed back for redelivery"))
         .unwrap_or_else(|| panic!("nothing was handed back: {logs}"));
-    let count = |key: &str| -> usize {
-        let at = line.find(&format!("{key}=")).expect(key) + key.len() + 1;
-        let digits: String = line[at..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
-        digits.parse().expect(key)
-    };
+    let count = |key: &str| field(line, key);
     // Past the budget: all that was held, not the first 128. Fewer held
     // means the worker was not held at the signal (a policy timeout?).
     assert!(count("held") > 128, "held few: {line}");
@@ -708,7 +701,7 @@ async fn when_the_grace_period_runs_out_the_undecided_messages_are_handed_back()
     let open = held_policy_service(&client).await;
     // The service answers no one until after the first run: its question
     // outlasts the grace period (its timeout is 10 s).
-    let config = held_policy_config(1);
+    let config = held_policy_config(1, 120);
     let mut first = Loopguard::spawn(&nats.url(), &config);
     until_ready(&first).await;
     // As in the test above: three humans' messages decided, the first
@@ -725,22 +718,24 @@ async fn when_the_grace_period_runs_out_the_undecided_messages_are_handed_back()
     assert_eq!(status.code(), Some(0), "{}", first.logs());
     let logs = first.logs();
     assert!(logs.contains("shutdown: grace period over"), "{logs}");
-    let count = |key: &str| -> usize {
-        logs.lines()
-            .filter(|l| l.contains("left undecided when the grace period ran out"))
-            .map(|line| {
-                let at = line.find(&format!("{key}=")).expect(key) + key.len() + 1;
-                let digits: String = line[at..]
-                    .chars()
-                    .take_while(char::is_ascii_digit)
-                    .collect();
-                digits.parse::<usize>().expect(key)
-            })
-            .sum()
-    };
+    let left = logs
+        .lines()
+        .find(|l| l.contains("left undecided when the grace period ran out"))
+        .unwrap_or_else(|| panic!("no count of what was left: {logs}"));
+    // What the pull still held at the signal, if anything, the intake
+    // handed back then.
+    let by_intake = logs
+        .lines()
+        .find(|l| l.contains("handed back for redelivery"))
+        .map_or(0, |l| field(l, "handed_back"));
     // All but the three humans' messages decided before the agent's.
-    assert_eq!(count("handed_back"), N - 3, "{logs}");
-    assert_eq!(count("not_handed_back") + count("dropped"), 0, "{logs}");
+    assert_eq!(field(left, "handed_back") + by_intake, N - 3, "{logs}");
+    assert_eq!(
+        field(left, "not_handed_back") + field(left, "dropped"),
+        0,
+        "{left}"
+    );
+    assert!(left.contains("finished=true"), "{left}");
     until_stream_holds(&js, "EGRESS", 3, &first).await;
     assert_eq!(
         stream_messages(&js, "EGRESS").await,
@@ -750,6 +745,129 @@ async fn when_the_grace_period_runs_out_the_undecided_messages_are_handed_back()
 
     let _ = open.send(());
     a_second_run_finishes_all(&nats, &js, &config, N as u64).await;
+}
+
+/// Messages a run left undecided come back to the next as redeliveries, of
+/// which that run holds no first delivery: past a world's share (64) held
+/// back behind a policy request, its agents' are rejected for the backlog as
+/// new ones are, not all held back. The first run (observe mode, which
+/// holds every message back) hands them all back when its grace period runs
+/// out; the second asks about the first, holds back 64, rejects the rest.
+#[tokio::test]
+async fn redeliveries_of_another_run_s_messages_are_rejected_past_a_world_s_share() {
+    const N: usize = 200;
+    const SHARE: usize = loopguard::ingest::MAX_HELD_PER_WORLD;
+    let nats = NatsServer::start_jetstream();
+    let (client, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    let open = held_policy_service(&client).await;
+    let config = held_policy_config(1, 120);
+    let mut first = Loopguard::spawn(&nats.url(), &format!("mode = \"observe\"\n{config}"));
+    until_ready(&first).await;
+    publish_each(&js, 0..N, |i| format!("chat.raw.w0.agent.a{}", i % 4)).await;
+    within("the pull to deliver every message", async {
+        while ingest_consumer(&js).await.delivered.stream_sequence < N as u64 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    first.signal("TERM");
+    assert_eq!(first.exited().await.code(), Some(0), "{}", first.logs());
+    let logs = first.logs();
+    let handed_back = logs
+        .lines()
+        .filter(|l| {
+            l.contains("handed back for redelivery")
+                || l.contains("left undecided when the grace period ran out")
+        })
+        .map(|l| field(l, "handed_back"))
+        .sum::<usize>();
+    assert_eq!(handed_back, N, "{logs}");
+
+    let second = Loopguard::spawn(&nats.url(), &config);
+    until_ready(&second).await;
+    let addr = second.http_addr().await;
+    let backlog = || async {
+        let scrape = support::Scrape::take(&addr).await;
+        scrape.get("loopguard_policy_requests_total", &[("outcome", "backlog")]) as usize
+    };
+    within(
+        "the redeliveries past the world's share to be rejected",
+        async {
+            while backlog().await < N - 1 - SHARE {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        },
+    )
+    .await;
+    let _ = open.send(());
+    until_stream_holds(&js, "EGRESS", (1 + SHARE) as u64, &second).await;
+    until_ingest_acknowledged(&js, &second).await;
+    assert_eq!(stream_messages(&js, "EGRESS").await, (1 + SHARE) as u64);
+    assert_eq!(backlog().await, N - 1 - SHARE);
+}
+
+/// A message held back behind its world's policy request for longer than
+/// `ack_wait` is delivered again while its first delivery still waits: past
+/// the world's share that redelivery is held back too, not rejected for
+/// the backlog (which would give the message two decisions, the rejection
+/// acknowledging it). The messages past the share are rejected once, and a
+/// last new one after the redeliveries is too: only those are counted.
+#[tokio::test]
+async fn redeliveries_of_messages_held_back_are_never_rejected_for_the_backlog() {
+    const N: usize = 100;
+    const SHARE: usize = loopguard::ingest::MAX_HELD_PER_WORLD;
+    let nats = NatsServer::start_jetstream();
+    let (client, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    let open = held_policy_service(&client).await;
+    let lg = Loopguard::spawn(&nats.url(), &held_policy_config(45, 2));
+    until_ready(&lg).await;
+    let agent = |i: usize| format!("chat.raw.w0.agent.a{}", i % 4);
+    // The first asks, 64 wait behind it, the rest are rejected.
+    publish_each(&js, 0..N, agent).await;
+    // Every message waiting is delivered again (after ack_wait, 2 s).
+    within("the held messages to be delivered again", async {
+        while ingest_consumer(&js).await.num_redelivered < 1 + SHARE {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    // One more, new, behind those redeliveries on the world's worker: once
+    // it is rejected, they were handled.
+    publish_each(&js, N..N + 1, agent).await;
+    let addr = lg.http_addr().await;
+    let backlog = || async {
+        let scrape = support::Scrape::take(&addr).await;
+        scrape.get("loopguard_policy_requests_total", &[("outcome", "backlog")]) as usize
+    };
+    let rejected = N - 1 - SHARE + 1;
+    within("the last message to be rejected", async {
+        while backlog().await < rejected {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(backlog().await, rejected, "a redelivery was rejected");
+    let _ = open.send(());
+    until_stream_holds(&js, "EGRESS", (1 + SHARE) as u64, &lg).await;
+    until_ingest_acknowledged(&js, &lg).await;
+    assert_eq!(stream_messages(&js, "EGRESS").await, (1 + SHARE) as u64);
+    assert_eq!(backlog().await, rejected);
+}
+
+/// The number a log line gives as ` key=N`.
+fn field(line: &str, key: &str) -> usize {
+    let at = line
+        .find(&format!(" {key}="))
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+        + key.len()
+        + 2;
+    let digits: String = line[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().expect(key)
 }
 
 /// A policy service on `policy.check` (subscribed before it returns): it
@@ -788,13 +906,16 @@ async fn held_policy_service(client: &async_nats::Client) -> tokio::sync::onesho
 }
 
 /// JetStream with the policy hook on [`held_policy_service`] (a 10 s
-/// timeout, failing open), `ack_wait` two minutes (past any wait of the
-/// tests), and a grace period of `grace_seconds`.
-fn held_policy_config(grace_seconds: u64) -> String {
+/// timeout, failing open), a grace period of `grace_seconds` and
+/// `ack_wait_seconds` (120: past any wait of the tests).
+fn held_policy_config(grace_seconds: u64, ack_wait_seconds: u64) -> String {
     format!(
         "[shutdown]\ngrace_seconds = {grace_seconds}\n[rules.policy]\nsubject = \"policy.check\"\ntimeout_ms = 10000\nfail = \"open\"\n{JS_CONFIG}"
     )
-    .replace("ack_wait_seconds = 2", "ack_wait_seconds = 120")
+    .replace(
+        "ack_wait_seconds = 2",
+        &format!("ack_wait_seconds = {ack_wait_seconds}"),
+    )
 }
 
 /// One world, so one worker: three humans' messages (the policy is not

@@ -184,6 +184,17 @@ impl Replay {
         self.unacked.get(&key)
     }
 
+    /// Whether a decision is held that a message delivered again (`seen`)
+    /// would be republished from (see [`Replay::get`] and
+    /// [`Replay::unacknowledged`]), without moving it.
+    pub fn holds(&self, key: ReplayKey, seen: Seen) -> bool {
+        match seen {
+            Seen::New => false,
+            Seen::Redelivered => self.unacked.contains_key(&key) || self.acked.contains_key(&key),
+            Seen::Reread => self.unacked.contains_key(&key),
+        }
+    }
+
     /// A message decided and not acknowledged yet.
     pub fn insert(&self, key: ReplayKey, outbound: Arc<[Outbound]>) {
         self.unacked.insert(key, outbound);

@@ -22,7 +22,7 @@
 pub mod core;
 pub mod jetstream;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -58,8 +58,9 @@ pub const MAX_PARKED: usize = 1024;
 /// `policy`, see [`Judge::shed`]), so one world flooding a slow service
 /// cannot fill [`MAX_PARKED`] alone and hold back every world. The rest are
 /// still held back: humans' and the system's messages, passes, joins,
-/// invalid subjects, JetStream redeliveries, and, in observe mode (which
-/// rejects nothing for the service), every message.
+/// invalid subjects, JetStream redeliveries of messages this worker holds
+/// or has decided, and, in observe mode (which rejects nothing for the
+/// service), every message.
 pub const MAX_HELD_PER_WORLD: usize = 64;
 
 /// JetStream acknowledgements a worker holds before it confirms their
@@ -74,25 +75,50 @@ pub const ANSWER_BATCH: usize = 1024;
 /// Set once the grace period is over (by `app`): workers then await no
 /// more policy answers. What waits for one is given up, with what its world
 /// holds back behind it (see [`Worker::abandon`]); in JetStream mode
-/// everything else still undecided is handed back too, so the next
-/// instance decides a world's messages in order, and in core mode it is
-/// still decided, as nothing could hand it back.
+/// everything else still undecided is handed back too (so no world's later
+/// message is decided here ahead of an earlier one handed back), and in
+/// core mode it is still decided, as nothing could hand it back.
 #[derive(Clone)]
-pub struct GraceOver(watch::Receiver<bool>);
+pub struct GraceOver {
+    over: watch::Receiver<bool>,
+    /// What the workers gave up, for `app` to report.
+    left: Arc<Left>,
+}
+
+/// Messages given up undecided once the grace period was over, all workers
+/// together.
+#[derive(Default)]
+pub struct Left {
+    /// JetStream messages nak'ed (handed to the client: the drain's flush
+    /// sends them, if the bound leaves it time): redelivered a second later.
+    pub handed_back: AtomicUsize,
+    /// JetStream messages whose nak failed: redelivered after `ack_wait`.
+    pub not_handed_back: AtomicUsize,
+    /// Core messages: lost.
+    pub dropped: AtomicUsize,
+}
 
 impl GraceOver {
     pub fn new(over: watch::Receiver<bool>) -> GraceOver {
-        GraceOver(over)
+        GraceOver {
+            over,
+            left: Arc::default(),
+        }
+    }
+
+    /// What was given up so far.
+    pub fn left(&self) -> &Left {
+        &self.left
     }
 
     fn is_over(&self) -> bool {
-        *self.0.borrow()
+        *self.over.borrow()
     }
 
     /// Resolves once the grace period is over; never, if no one can say so
     /// any more.
     async fn wait(mut self) {
-        if self.0.wait_for(|over| *over).await.is_err() {
+        if self.over.wait_for(|over| *over).await.is_err() {
             std::future::pending::<()>().await;
         }
     }
@@ -209,22 +235,12 @@ struct Worker {
     parked: HashMap<Name, VecDeque<Work>>,
     /// Messages in `parked`'s queues.
     parked_len: usize,
-    /// Once set, no policy answer is awaited.
+    /// The JetStream messages among `parked` and those asking: a redelivery
+    /// of one of them is held back, never rejected for the backlog, as the
+    /// first delivery is still to be decided (see [`Worker::first_here`]).
+    held_keys: HashSet<jetstream::ReplayKey>,
+    /// Once set, no policy answer is awaited; counts what is given up.
     grace_over: GraceOver,
-    /// What was given up undecided once the grace period was over.
-    abandoned: Abandoned,
-}
-
-/// Messages a worker held undecided when the grace period ran out.
-#[derive(Default)]
-struct Abandoned {
-    /// JetStream messages nak'ed: redelivered a second later.
-    handed_back: usize,
-    /// JetStream messages whose nak could not be sent: redelivered after
-    /// `ack_wait`.
-    not_handed_back: usize,
-    /// Core messages: lost.
-    dropped: usize,
 }
 
 /// A message whose decision waits for the policy service.
@@ -262,8 +278,8 @@ impl Worker {
             asking: FuturesUnordered::new(),
             parked: HashMap::new(),
             parked_len: 0,
+            held_keys: HashSet::new(),
             grace_over,
-            abandoned: Abandoned::default(),
         }
     }
 
@@ -321,41 +337,32 @@ impl Worker {
             self.handle(work).await;
         }
         self.settle_acks().await;
-        let Abandoned {
-            handed_back,
-            not_handed_back,
-            dropped,
-        } = self.abandoned;
-        if handed_back + not_handed_back + dropped > 0 {
-            tracing::warn!(
-                handed_back,
-                not_handed_back,
-                dropped,
-                "shutdown: messages left undecided when the grace period ran out: handed back for redelivery (JetStream; those not handed back come back after ack_wait) or dropped (core)"
-            );
-        }
     }
 
     /// Decides one message, or parks it behind its world's message that
     /// waits for the policy service (or, past [`MAX_HELD_PER_WORLD`],
     /// rejects an agent's). Once the grace period is over, a JetStream
-    /// message is handed back instead.
+    /// message is handed back instead: at once, or, behind a waiting
+    /// message of its world, after it (so in order).
     async fn handle(&mut self, work: Work) {
-        if work.delivery.is_some() && self.grace_over.is_over() {
-            return self.abandon(work.delivery).await;
-        }
         if !self.parked.is_empty() {
             if let Some(waiting) = work.origin.world().and_then(|w| self.parked.get_mut(w)) {
                 let held = waiting.len();
-                if held >= MAX_HELD_PER_WORLD {
+                if held >= MAX_HELD_PER_WORLD && !first_here(&self.held_keys, &self.replay, &work) {
                     if let Some(decision) = shed(&self.judge, &work, held) {
                         return self.conclude(decision.outbound, work.delivery).await;
                     }
+                }
+                if let Some(d) = &work.delivery {
+                    self.held_keys.insert(d.key);
                 }
                 waiting.push_back(work);
                 self.parked_len += 1;
                 return;
             }
+        }
+        if work.delivery.is_some() && self.grace_over.is_over() {
+            return self.abandon(work.delivery).await;
         }
         self.process(work).await;
     }
@@ -486,13 +493,19 @@ impl Worker {
         if let Some(world) = &decision.world {
             self.parked.entry(world.clone()).or_default();
         }
+        if let Some(d) = &delivery {
+            self.held_keys.insert(d.key);
+        }
         let publisher = self.publisher.clone();
         let grace_over = self.grace_over.clone();
         self.asking.push(Box::pin(async move {
             let started = std::time::Instant::now();
+            // The grace period first: once over, no question goes out (nor
+            // is one answered at once by a resting breaker).
             let answer = tokio::select! {
-                outcome = publisher.ask_policy(&check) => Some((outcome, started.elapsed())),
+                biased;
                 () = grace_over.wait() => None,
+                outcome = publisher.ask_policy(&check) => Some((outcome, started.elapsed())),
             };
             Asked {
                 decision,
@@ -518,9 +531,14 @@ impl Worker {
             answer,
         }: Asked,
     ) {
+        if let Some(d) = &delivery {
+            self.held_keys.remove(&d.key);
+        }
         let world = decision.world.clone();
         let Some((outcome, took)) = answer else {
-            // Dropped undecided: its world's state is as if it never came.
+            // Dropped undecided: none of its effects is committed (its
+            // world, if the cache evicted it meanwhile, is not put back:
+            // the process is ending).
             drop(decision);
             self.abandon(delivery).await;
             return self.abandon_held(world).await;
@@ -546,6 +564,9 @@ impl Worker {
         };
         while let Some(work) = later.pop_front() {
             self.parked_len -= 1;
+            if let Some(d) = &work.delivery {
+                self.held_keys.remove(&d.key);
+            }
             self.process(work).await;
             if let Some(again) = self.parked.get_mut(&world) {
                 // It asked: the rest wait for that answer (still counted
@@ -564,6 +585,9 @@ impl Worker {
         };
         self.parked_len -= held.len();
         for work in held {
+            if let Some(d) = &work.delivery {
+                self.held_keys.remove(&d.key);
+            }
             self.abandon(work.delivery).await;
         }
     }
@@ -576,15 +600,17 @@ impl Worker {
     /// anyway. Its outputs were never published, and its world's state
     /// holds nothing of it.
     async fn abandon(&mut self, delivery: Option<Delivery>) {
+        let left = &self.grace_over.left;
         let Some(d) = delivery else {
-            self.abandoned.dropped += 1;
+            left.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         };
         let nak = AckKind::Nak(Some(jetstream::HAND_BACK_DELAY));
-        match d.acker.ack_with(nak).await {
-            Ok(()) => self.abandoned.handed_back += 1,
-            Err(_) => self.abandoned.not_handed_back += 1,
-        }
+        let count = match d.acker.ack_with(nak).await {
+            Ok(()) => &left.handed_back,
+            Err(_) => &left.not_handed_back,
+        };
+        count.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Acknowledges the messages whose outputs are confirmed: an
@@ -660,11 +686,30 @@ impl Worker {
     }
 }
 
+/// Whether a JetStream redelivery's first delivery is held in this worker
+/// (`held_keys`: a world's messages all come to one worker, the first
+/// delivery ahead of the redelivery) or was decided (its decision is in
+/// `replay`): rejected for the backlog, such a message would get a second
+/// decision; held back, it is republished from the first. Any other
+/// redelivery (after a restart, or a first delivery handed back) is a
+/// first decision here, and is rejected for the backlog as a new one is.
+fn first_here(
+    held_keys: &HashSet<jetstream::ReplayKey>,
+    replay: &Option<jetstream::Replay>,
+    work: &Work,
+) -> bool {
+    let Some(d) = &work.delivery else {
+        return false;
+    };
+    d.seen != jetstream::Seen::New
+        && (held_keys.contains(&d.key) || replay.as_ref().is_some_and(|r| r.holds(d.key, d.seen)))
+}
+
 /// The rejection of a message whose world already holds back `held`
 /// behind its policy request, when it is rejected rather than held back:
-/// an agent's, outside observe mode, but not a pass (see [`Judge::shed`]),
-/// and not a JetStream redelivery, whose first delivery may be among those
-/// held back or already decided (held back, it finds that decision).
+/// an agent's, outside observe mode, but not a pass (see [`Judge::shed`]).
+/// (Nor a JetStream redelivery whose first delivery is held or decided,
+/// see [`first_here`].)
 fn shed(judge: &Judge, work: &Work, held: usize) -> Option<Decision> {
     let Origin::Raw {
         world,
@@ -674,12 +719,7 @@ fn shed(judge: &Judge, work: &Work, held: usize) -> Option<Decision> {
     else {
         return None;
     };
-    if work
-        .delivery
-        .as_ref()
-        .is_some_and(|d| d.seen != jetstream::Seen::New)
-        || judge.settings().config.mode == Mode::Observe
-    {
+    if judge.settings().config.mode == Mode::Observe {
         return None;
     }
     let stable = work.delivery.as_ref().map(|d| d.stable_id.as_str());
