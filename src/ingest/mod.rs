@@ -348,7 +348,13 @@ impl Worker {
         if !self.parked.is_empty() {
             if let Some(waiting) = work.origin.world().and_then(|w| self.parked.get_mut(w)) {
                 let held = waiting.len();
-                if held >= MAX_HELD_PER_WORLD && !first_here(&self.held_keys, &self.replay, &work) {
+                // Not once the grace period is over: a rejection now would
+                // decide it ahead of its world's earlier messages, which are
+                // handed back.
+                if held >= MAX_HELD_PER_WORLD
+                    && !self.grace_over.is_over()
+                    && !first_here(&self.held_keys, &self.replay, &work)
+                {
                     if let Some(decision) = shed(&self.judge, &work, held) {
                         return self.conclude(decision.outbound, work.delivery).await;
                     }
