@@ -298,10 +298,11 @@ pub async fn run(
             tokio::time::sleep(grace).await
         } => {
             tracing::warn!(grace_seconds = grace.as_secs(), "shutdown: grace period over; handing back what is left undecided, then exiting");
-            // What is still undecided (held behind policy requests, queued
-            // at workers) is handed back, and the drain goes on for as long
-            // as that takes: no deciding, no waiting for answers. Bounded,
-            // as NATS may be what held the drain up.
+            // No policy answer is awaited any more: what waits for one (and
+            // what its world holds back) is given up, in JetStream mode with
+            // everything else undecided (see `ingest::GraceOver`), and the
+            // drain goes on for as long as that takes. Bounded, as NATS may
+            // be what held the drain up.
             let _ = grace_over_tx.send(true);
             let finished = tokio::time::timeout(HAND_BACK_BOUND, &mut drain).await.is_ok();
             let left = grace_over.left();

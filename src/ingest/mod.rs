@@ -59,8 +59,8 @@ pub const MAX_PARKED: usize = 1024;
 /// cannot fill [`MAX_PARKED`] alone and hold back every world. The rest are
 /// still held back: humans' and the system's messages, passes, joins,
 /// invalid subjects, JetStream redeliveries of messages this worker holds
-/// or has decided, and, in observe mode (which rejects nothing for the
-/// service), every message.
+/// or remembers deciding (see `first_here`), and, in observe mode (which
+/// rejects nothing for the service), every message.
 pub const MAX_HELD_PER_WORLD: usize = 64;
 
 /// JetStream acknowledgements a worker holds before it confirms their
@@ -74,7 +74,7 @@ pub const ANSWER_BATCH: usize = 1024;
 
 /// Set once the grace period is over (by `app`): workers then await no
 /// more policy answers. What waits for one is given up, with what its world
-/// holds back behind it (see [`Worker::abandon`]); in JetStream mode
+/// holds back behind it (see `Worker::abandon`); in JetStream mode
 /// everything else still undecided is handed back too (so no world's later
 /// message is decided here ahead of an earlier one handed back), and in
 /// core mode it is still decided, as nothing could hand it back.
@@ -237,7 +237,7 @@ struct Worker {
     parked_len: usize,
     /// The JetStream messages among `parked` and those asking: a redelivery
     /// of one of them is held back, never rejected for the backlog, as the
-    /// first delivery is still to be decided (see [`Worker::first_here`]).
+    /// first delivery is still to be decided (see [`first_here`]).
     held_keys: HashSet<jetstream::ReplayKey>,
     /// Once set, no policy answer is awaited; counts what is given up.
     grace_over: GraceOver,
