@@ -707,12 +707,7 @@ async fn when_the_grace_period_runs_out_the_undecided_messages_are_handed_back()
     // As in the test above: three humans' messages decided, the first
     // agent's waits, the rest wait behind it, then in the worker's queue.
     publish_each(&js, 0..N, held_world_subject).await;
-    within("the pull to deliver every message", async {
-        while ingest_consumer(&js).await.delivered.stream_sequence < N as u64 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    until_delivered(&js, N).await;
     first.signal("TERM");
     let status = first.exited().await;
     assert_eq!(status.code(), Some(0), "{}", first.logs());
@@ -768,12 +763,7 @@ async fn redeliveries_of_another_run_s_messages_are_rejected_past_a_world_s_shar
     let mut first = Loopguard::spawn(&nats.url(), &format!("mode = \"observe\"\n{config}"));
     until_ready(&first).await;
     publish_each(&js, 0..N, |i| format!("chat.raw.w0.agent.a{}", i % 4)).await;
-    within("the pull to deliver every message", async {
-        while ingest_consumer(&js).await.delivered.stream_sequence < N as u64 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    until_delivered(&js, N).await;
     first.signal("TERM");
     assert_eq!(first.exited().await.code(), Some(0), "{}", first.logs());
     let logs = first.logs();
@@ -858,6 +848,17 @@ async fn redeliveries_of_messages_held_back_are_never_rejected_for_the_backlog()
     until_ingest_acknowledged(&js, &lg).await;
     assert_eq!(stream_messages(&js, "EGRESS").await, (1 + SHARE) as u64);
     assert_eq!(backlog().await, rejected);
+}
+
+/// Waits until the server has delivered the ingest stream's first `n`
+/// messages to loopguard's consumer.
+async fn until_delivered(js: &jetstream::Context, n: usize) {
+    within("the pull to deliver every message", async {
+        while ingest_consumer(js).await.delivered.stream_sequence < n as u64 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
 }
 
 /// The number a log line gives as ` key=N`.
