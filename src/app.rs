@@ -209,6 +209,7 @@ pub async fn run(
         judge.clone(),
         publisher.clone(),
         replay.clone(),
+        jetstream.enabled.then_some(ack_wait),
         grace_over.clone(),
     );
     let mut workers: futures::stream::FuturesUnordered<_> = handles.into_iter().collect();

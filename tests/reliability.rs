@@ -801,12 +801,14 @@ async fn redeliveries_of_another_run_s_messages_are_rejected_past_a_world_s_shar
     assert_eq!(backlog().await, N - 1 - SHARE);
 }
 
-/// A message held back behind its world's policy request for longer than
-/// `ack_wait` is delivered again while its first delivery still waits: past
-/// the world's share that redelivery is held back too, not rejected for
-/// the backlog (which would give the message two decisions, the rejection
-/// acknowledging it). The messages past the share are rejected once, and a
-/// last new one after the redeliveries is too: only those are counted.
+/// A message held back behind its world's policy request can be delivered
+/// again while its first delivery still waits (here the test naks each
+/// delivery; in production a lost connection or a `+WPI` that did not reach
+/// the server does it): past the world's share that redelivery is held back
+/// too, not rejected for the backlog (which would give the message two
+/// decisions, the rejection acknowledging it). The messages past the share
+/// are rejected once, and a last new one after the redeliveries is too:
+/// only those are counted.
 #[tokio::test]
 async fn redeliveries_of_messages_held_back_are_never_rejected_for_the_backlog() {
     const N: usize = 100;
@@ -815,12 +817,31 @@ async fn redeliveries_of_messages_held_back_are_never_rejected_for_the_backlog()
     let (client, js) = connect(&nats).await;
     egress_stream(&js).await;
     let open = held_policy_service(&client).await;
-    let lg = Loopguard::spawn(&nats.url(), &held_policy_config(45, 2));
+    // The pull's deliveries, as loopguard gets them (its inbox).
+    let mut deliveries = within("subscribe", client.subscribe("_INBOX.>"))
+        .await
+        .unwrap();
+    within("subscribed", client.flush()).await.unwrap();
+    let lg = Loopguard::spawn(&nats.url(), &held_policy_config(45, 120));
     until_ready(&lg).await;
     let agent = |i: usize| format!("chat.raw.w0.agent.a{}", i % 4);
     // The first asks, 64 wait behind it, the rest are rejected.
     publish_each(&js, 0..N, agent).await;
-    // Every message waiting is delivered again (after ack_wait, 2 s).
+    // Every delivery is nak'ed: the server delivers at once again those
+    // not acknowledged yet, the first and the 64 waiting.
+    let mut nak_ed = 0;
+    within("every message to be delivered", async {
+        while nak_ed < N {
+            let m = deliveries.next().await.expect("inbox subscription");
+            let Some(reply) = m.reply.filter(|r| r.starts_with("$JS.ACK.")) else {
+                continue;
+            };
+            client.publish(reply, "-NAK".into()).await.unwrap();
+            nak_ed += 1;
+        }
+    })
+    .await;
+    drop(deliveries);
     within("the held messages to be delivered again", async {
         while ingest_consumer(&js).await.num_redelivered < 1 + SHARE {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -848,6 +869,36 @@ async fn redeliveries_of_messages_held_back_are_never_rejected_for_the_backlog()
     until_ingest_acknowledged(&js, &lg).await;
     assert_eq!(stream_messages(&js, "EGRESS").await, (1 + SHARE) as u64);
     assert_eq!(backlog().await, rejected);
+}
+
+/// Messages held back behind their world's policy request for longer than
+/// `ack_wait` (3 s here, the service silent for 7 s more) are not delivered
+/// again: every third of it loopguard tells the server they are still in
+/// progress, the one asking as well as those waiting behind it. Once
+/// answered, each is published once and acknowledged.
+#[tokio::test]
+async fn messages_held_back_longer_than_ack_wait_are_not_delivered_again() {
+    const N: usize = 11;
+    let nats = NatsServer::start_jetstream();
+    let (client, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    let open = held_policy_service(&client).await;
+    let lg = Loopguard::spawn(&nats.url(), &held_policy_config(45, 3));
+    until_ready(&lg).await;
+    // The first asks, the other 10 wait behind it.
+    publish_each(&js, 0..N, |i| format!("chat.raw.w0.agent.a{}", i % 4)).await;
+    until_delivered(&js, N).await;
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let consumer = ingest_consumer(&js).await;
+    assert_eq!(
+        (consumer.num_redelivered, consumer.num_ack_pending),
+        (0, N),
+        "redelivered, waiting"
+    );
+    let _ = open.send(());
+    until_stream_holds(&js, "EGRESS", N as u64, &lg).await;
+    until_ingest_acknowledged(&js, &lg).await;
+    assert_eq!(stream_messages(&js, "EGRESS").await, N as u64);
 }
 
 /// Waits until the server has delivered the ingest stream's first `n`

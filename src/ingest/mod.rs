@@ -23,10 +23,13 @@ pub mod core;
 pub mod jetstream;
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::convert::Infallible;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use async_nats::jetstream::message::Acker;
 use async_nats::jetstream::AckKind;
 use async_nats::Message;
 use futures::future::BoxFuture;
@@ -126,7 +129,7 @@ impl GraceOver {
 
 /// How a JetStream message is acknowledged, and what identifies it.
 pub struct Delivery {
-    pub acker: async_nats::jetstream::message::Acker,
+    pub acker: Acker,
     /// The message's identity across redeliveries, under which
     /// `Worker::replay` keeps its outputs.
     pub key: jetstream::ReplayKey,
@@ -162,12 +165,15 @@ impl Dispatcher {
     /// dispatcher and the workers' handles, which end once the dispatcher is
     /// dropped, their queues are empty and no policy answer is awaited
     /// (once `grace_over` is set, none is). `replay` is the JetStream mode's
-    /// memory of decisions not yet acknowledged.
+    /// memory of decisions not yet acknowledged, and `ack_wait` its
+    /// consumer's, of which a third is how often a message held back
+    /// behind a policy request tells the server it is still in progress.
     pub fn spawn(
         n: usize,
         judge: Arc<Judge>,
         publisher: Publisher,
         replay: Option<jetstream::Replay>,
+        ack_wait: Option<Duration>,
         grace_over: GraceOver,
     ) -> (Dispatcher, Vec<tokio::task::JoinHandle<()>>) {
         let mut workers = Vec::with_capacity(n);
@@ -180,6 +186,7 @@ impl Dispatcher {
                 judge.clone(),
                 publisher.clone(),
                 replay.clone(),
+                ack_wait.map(in_progress_every),
                 queued.clone(),
                 grace_over.clone(),
             );
@@ -239,6 +246,11 @@ struct Worker {
     /// of one of them is held back, never rejected for the backlog, as the
     /// first delivery is still to be decided (see [`first_here`]).
     held_keys: HashSet<jetstream::ReplayKey>,
+    /// JetStream: how often a message held back tells the server it is
+    /// still in progress (see [`in_progress_every`]).
+    in_progress_every: Option<Duration>,
+    /// When the messages in `parked` say so next.
+    in_progress_due: Instant,
     /// Once set, no policy answer is awaited; counts what is given up.
     grace_over: GraceOver,
 }
@@ -250,7 +262,7 @@ struct Asked {
     delivery: Option<Delivery>,
     /// What the service said, and how long it took; none if the grace
     /// period ran out first.
-    answer: Option<(PolicyOutcome, std::time::Duration)>,
+    answer: Option<(PolicyOutcome, Duration)>,
 }
 
 /// A decision: final, or waiting for the policy service.
@@ -264,6 +276,7 @@ impl Worker {
         judge: Arc<Judge>,
         publisher: Publisher,
         replay: Option<jetstream::Replay>,
+        in_progress_every: Option<Duration>,
         queued: Arc<AtomicUsize>,
         grace_over: GraceOver,
     ) -> Worker {
@@ -271,6 +284,8 @@ impl Worker {
             judge,
             publisher,
             replay,
+            in_progress_every,
+            in_progress_due: Instant::now(),
             acks: Vec::new(),
             answers: Vec::new(),
             batch_connects: 0,
@@ -294,6 +309,7 @@ impl Worker {
                     _ => break,
                 }
             }
+            self.keep_parked_in_progress().await;
             // Past its bounds, the worker takes nothing new until answers
             // come: its queue fills, and the intake waits for it.
             let room = self.asking.len() < MAX_ASKING && self.parked_len < MAX_PARKED;
@@ -316,9 +332,14 @@ impl Worker {
                     if self.queued.load(Ordering::Relaxed) == 0 {
                         self.judge.upkeep();
                     }
+                    let in_progress = self.in_progress_every.is_some() && self.parked_len > 0;
                     tokio::select! {
                         Some(asked) = self.asking.next(), if !self.asking.is_empty() => {
                             self.answered(asked).await;
+                            continue;
+                        }
+                        // The loop's top says so for what is parked.
+                        () = tokio::time::sleep_until(self.in_progress_due.into()), if in_progress => {
                             continue;
                         }
                         work = rx.recv(), if open && room => match work {
@@ -363,6 +384,12 @@ impl Worker {
                     self.held_keys.insert(d.key);
                 }
                 waiting.push_back(work);
+                if self.parked_len == 0 {
+                    // The first held: told at the end of a full period.
+                    if let Some(every) = self.in_progress_every {
+                        self.in_progress_due = Instant::now() + every;
+                    }
+                }
                 self.parked_len += 1;
                 return;
             }
@@ -504,14 +531,17 @@ impl Worker {
         }
         let publisher = self.publisher.clone();
         let grace_over = self.grace_over.clone();
+        let every = self.in_progress_every;
         self.asking.push(Box::pin(async move {
-            let started = std::time::Instant::now();
+            let started = Instant::now();
+            let acker = delivery.as_ref().map(|d| &d.acker);
             // The grace period first: once over, no question goes out (nor
             // is one answered at once by a resting breaker).
             let answer = tokio::select! {
                 biased;
                 () = grace_over.wait() => None,
                 outcome = publisher.ask_policy(&check) => Some((outcome, started.elapsed())),
+                never = in_progress(acker, every) => match never {},
             };
             Asked {
                 decision,
@@ -581,6 +611,33 @@ impl Worker {
                 return;
             }
         }
+    }
+
+    /// JetStream: once a period is over, tells the server that each message
+    /// held back is still in progress (the one asking tells it itself, see
+    /// [`in_progress`]), so none is delivered again however long its world
+    /// waits for answers. A message that cannot be told is delivered again
+    /// after `ack_wait`, and that redelivery waits behind it (see
+    /// [`first_here`]).
+    async fn keep_parked_in_progress(&mut self) {
+        let Some(every) = self.in_progress_every else {
+            return;
+        };
+        if self.parked_len == 0 {
+            return;
+        }
+        let now = Instant::now();
+        if now < self.in_progress_due {
+            return;
+        }
+        for work in self.parked.values().flatten() {
+            if let Some(d) = &work.delivery {
+                if let Err(e) = d.acker.ack_with(AckKind::Progress).await {
+                    tracing::debug!(error = %e, "could not say a held message is in progress");
+                }
+            }
+        }
+        self.in_progress_due = now + every;
     }
 
     /// Gives up (see [`Worker::abandon`]) the messages `world` held back
@@ -692,6 +749,31 @@ impl Worker {
     }
 }
 
+/// How often a JetStream message held back behind its world's policy
+/// request says it is still in progress (`+WPI`, which restarts its
+/// `ack_wait` at the server): a third of `ack_wait`, so that one held just
+/// after a round, and told late by a worker busy with a batch, is still
+/// told in time. Each is one small publish: only messages waiting for the
+/// policy service pay it.
+fn in_progress_every(ack_wait: Duration) -> Duration {
+    ack_wait / 3
+}
+
+/// Tells the server, every `every`, that the JetStream message `acker`
+/// acknowledges is still in progress; never ends (and does nothing for a
+/// core message).
+async fn in_progress(acker: Option<&Acker>, every: Option<Duration>) -> Infallible {
+    if let (Some(acker), Some(every)) = (acker, every) {
+        loop {
+            tokio::time::sleep(every).await;
+            if let Err(e) = acker.ack_with(AckKind::Progress).await {
+                tracing::debug!(error = %e, "could not say a message asking the policy is in progress");
+            }
+        }
+    }
+    std::future::pending().await
+}
+
 /// Whether a JetStream redelivery's first delivery is held in this worker
 /// (`held_keys`: a world's messages all come to one worker, the first
 /// delivery ahead of the redelivery) or was decided (its decision is in
@@ -751,7 +833,7 @@ fn fallback_id<'a>(message: &'a Message, stable_id: Option<&'a str>) -> Fallback
 /// A JetStream message whose outputs are published, waiting to be
 /// acknowledged.
 struct Pending {
-    acker: async_nats::jetstream::message::Acker,
+    acker: Acker,
     /// Under which `Worker::replay` keeps its outputs.
     key: jetstream::ReplayKey,
     /// Every output was handed to the client.
