@@ -397,11 +397,12 @@ impl Worker {
         if work.delivery.is_some() && self.grace_over.is_over() {
             return self.abandon(work.delivery).await;
         }
-        self.process(work).await;
+        self.process(work, false).await;
     }
 
     /// Decides one message and publishes its outputs, or sends its policy
-    /// request.
+    /// request. `held`: it was held back behind its world's earlier
+    /// message (see [`Worker::ask`]).
     async fn process(
         &mut self,
         Work {
@@ -409,6 +410,7 @@ impl Worker {
             message,
             delivery,
         }: Work,
+        held: bool,
     ) {
         #[cfg(debug_assertions)]
         fault::panic_on_world(&origin);
@@ -427,13 +429,13 @@ impl Worker {
                 }
                 match self.decide(origin, &message, Some(&d.stable_id)) {
                     Decided::Now(outbound) => self.conclude(outbound, delivery).await,
-                    Decided::Asking(decision, check) => self.ask(decision, check, delivery),
+                    Decided::Asking(decision, check) => self.ask(decision, check, delivery, held),
                 }
             }
             // At most once: nothing to replay, so the copies move out.
             _ => match self.decide(origin, &message, None) {
                 Decided::Now(outbound) => self.publish(outbound, delivery).await,
-                Decided::Asking(decision, check) => self.ask(decision, check, delivery),
+                Decided::Asking(decision, check) => self.ask(decision, check, delivery, held),
             },
         }
     }
@@ -521,8 +523,17 @@ impl Worker {
 
     /// Sends a message's policy request; its world's later messages wait
     /// for the answer (see [`Worker::answered`]), so nothing of the world
-    /// is decided before this message's effects are recorded.
-    fn ask(&mut self, decision: Box<Decision>, check: PolicyCheck, delivery: Option<Delivery>) {
+    /// is decided before this message's effects are recorded. A JetStream
+    /// message says it is in progress while it waits: first when the
+    /// messages held back would have (`held`: it was one of them, last
+    /// told up to a period ago), else a period from now.
+    fn ask(
+        &mut self,
+        decision: Box<Decision>,
+        check: PolicyCheck,
+        delivery: Option<Delivery>,
+        held: bool,
+    ) {
         if let Some(world) = &decision.world {
             self.parked.entry(world.clone()).or_default();
         }
@@ -531,7 +542,14 @@ impl Worker {
         }
         let publisher = self.publisher.clone();
         let grace_over = self.grace_over.clone();
-        let every = self.in_progress_every;
+        let told = self.in_progress_every.map(|every| match held {
+            true => (
+                self.in_progress_due
+                    .saturating_duration_since(Instant::now()),
+                every,
+            ),
+            false => (every, every),
+        });
         self.asking.push(Box::pin(async move {
             let started = Instant::now();
             let acker = delivery.as_ref().map(|d| &d.acker);
@@ -541,7 +559,7 @@ impl Worker {
                 biased;
                 () = grace_over.wait() => None,
                 outcome = publisher.ask_policy(&check) => Some((outcome, started.elapsed())),
-                never = in_progress(acker, every) => match never {},
+                never = in_progress(acker, told) => match never {},
             };
             Asked {
                 decision,
@@ -603,7 +621,7 @@ impl Worker {
             if let Some(d) = &work.delivery {
                 self.held_keys.remove(&d.key);
             }
-            self.process(work).await;
+            self.process(work, true).await;
             if let Some(again) = self.parked.get_mut(&world) {
                 // It asked: the rest wait for that answer (still counted
                 // in `parked_len`).
@@ -759,13 +777,15 @@ fn in_progress_every(ack_wait: Duration) -> Duration {
     ack_wait / 3
 }
 
-/// Tells the server, every `every`, that the JetStream message `acker`
-/// acknowledges is still in progress; never ends (and does nothing for a
-/// core message).
-async fn in_progress(acker: Option<&Acker>, every: Option<Duration>) -> Infallible {
-    if let (Some(acker), Some(every)) = (acker, every) {
+/// Tells the server that the JetStream message `acker` acknowledges is
+/// still in progress: after `first`, then every `every` (`told`); never
+/// ends (and does nothing for a core message).
+async fn in_progress(acker: Option<&Acker>, told: Option<(Duration, Duration)>) -> Infallible {
+    if let (Some(acker), Some((first, every))) = (acker, told) {
+        let mut wait = first;
         loop {
-            tokio::time::sleep(every).await;
+            tokio::time::sleep(wait).await;
+            wait = every;
             if let Err(e) = acker.ack_with(AckKind::Progress).await {
                 tracing::debug!(error = %e, "could not say a message asking the policy is in progress");
             }
