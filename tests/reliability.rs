@@ -1157,6 +1157,54 @@ async fn an_ingest_stream_lost_with_a_server_restart_is_set_up_again() {
     );
 }
 
+/// The ingest stream edited while loopguard runs to capture another
+/// application's subjects: loopguard must not acknowledge those messages
+/// (on a work queue that deletes them). It hands the first back, opens its
+/// consumer again, finds the stream broader and stops with the error it
+/// gives at start-up; the other application's message stays in the stream.
+#[tokio::test]
+async fn a_stream_edited_to_capture_others_subjects_stops_loopguard_and_keeps_their_messages() {
+    let nats = NatsServer::start_jetstream();
+    let (_, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    let mut lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
+    until_ready(&lg).await;
+    publish_messages(&js, 0..1).await;
+    until_stream_holds(&js, "EGRESS", 1, &lg).await;
+    until_ingest_acknowledged(&js, &lg).await;
+    let mut ingest = within("get stream", js.get_stream("LOOPGUARD_INGEST"))
+        .await
+        .expect("ingest stream");
+    let mut config = within("stream info", ingest.info())
+        .await
+        .expect("info")
+        .config
+        .clone();
+    config.subjects.push("billing.>".into());
+    within("edit the stream", js.update_stream(config))
+        .await
+        .expect("stream edited");
+    within("publish", js.publish("billing.invoice", "{}".into()))
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+    let status = within("loopguard stops", async {
+        loop {
+            if let Some(status) = lg.exit_status() {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let logs = lg.logs();
+    assert!(!status.success(), "{status:?}\n{logs}");
+    assert!(logs.contains("captures billing.>"), "{logs}");
+    // The work queue still holds it: not acknowledged.
+    assert_eq!(stream_messages(&js, "LOOPGUARD_INGEST").await, 1, "{logs}");
+}
+
 /// JetStream gone from the server loopguard reconnects to (restarted
 /// without it): loopguard is connected, but its consumer is lost and cannot
 /// be opened again, so `/readyz` answers 503 and `loopguard_ready` is 0

@@ -641,10 +641,17 @@ pub async fn run<E: From<JetStreamError>>(
             let (message, acker) = message.split();
             let subject = message.subject.as_str();
             if !subject.starts_with(raw) && !subject.starts_with(join) {
-                // A stream edited since it was checked to capture more
-                // (see `JetStreamError::Broader`): not ours to judge.
-                let _ = acker.ack().await;
-                continue;
+                // A stream edited since it was checked to capture more: not
+                // ours to judge, nor to acknowledge (on a work queue that
+                // would delete it). Handed back; the consumer opened again
+                // then finds the stream broader, which stops loopguard (see
+                // `JetStreamError::Broader`), as at start-up.
+                if let Err(e) = acker.ack_with(AckKind::Nak(Some(HAND_BACK_DELAY))).await {
+                    tracing::warn!(error = %e, "could not hand back a message; it comes back after ack_wait");
+                }
+                break Some(format!(
+                    "the stream delivered a message on {subject}, which is not loopguard's input"
+                ));
             }
             let seen = if delivered > 1 || (workqueue && sequence <= seen_before) {
                 Seen::Redelivered
