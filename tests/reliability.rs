@@ -1205,6 +1205,119 @@ async fn a_stream_edited_to_capture_others_subjects_stops_loopguard_and_keeps_th
     assert_eq!(stream_messages(&js, "LOOPGUARD_INGEST").await, 1, "{logs}");
 }
 
+/// Messages of an ingest stream that was lost and created again (memory
+/// storage, a server restart) may still be held when the new stream's
+/// messages come in, numbered from 1 again. An acknowledgement of an old
+/// one names its stream sequence, which the server would take for the new
+/// message of that number, settling it unfinished: they are not sent. Here
+/// the old messages wait for the policy service (one 10 s timeout after
+/// another) past the restart, the new ones of the same world wait behind
+/// them, and only the old ones are answered: the new ones all stay
+/// unacknowledged.
+#[tokio::test]
+async fn messages_of_a_stream_created_again_do_not_settle_the_new_stream_s() {
+    const OLD: usize = 10;
+    let mut nats = NatsServer::start_jetstream();
+    let (client, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    let open = old_only_policy_service(&client, OLD).await;
+    let config = held_policy_config(45, 120)
+        .replace("fail = \"open\"\n", "fail = \"open\"\ntrip_after = 0\n")
+        .replace("enabled = true\n", "enabled = true\nstorage = \"memory\"\n");
+    let lg = Loopguard::spawn(&nats.url(), &config);
+    until_ready(&lg).await;
+    let agent = |i: usize| format!("chat.raw.w0.agent.a{}", i % 4);
+    publish_each(&js, 0..OLD, agent).await;
+    until_delivered(&js, OLD).await;
+
+    nats.restart_after_sigterm();
+    let lost = async {
+        while !lg.logs().contains("opening the consumer again") {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(45), lost)
+        .await
+        .unwrap_or_else(|_| panic!("the lost consumer was not noticed\n{}", lg.logs()));
+    within("the ingest stream set up again", async {
+        while client.connection_state() != async_nats::connection::State::Connected
+            || js.get_stream("LOOPGUARD_INGEST").await.is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    // The new stream's 1 to 10, behind what is left of the old ones.
+    publish_each(&js, OLD..2 * OLD, agent).await;
+    until_delivered(&js, OLD).await;
+    let still_old = OLD - stream_messages(&js, "EGRESS").await as usize;
+    let _ = open.send(());
+    until_stream_holds(&js, "EGRESS", OLD as u64, &lg).await;
+    // What the old ones' acknowledgements would have settled has reached
+    // the server by then (they follow a flush).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let consumer = ingest_consumer(&js).await;
+    assert!(
+        still_old > 1,
+        "the old messages all timed out before the new ones came"
+    );
+    assert_eq!(
+        consumer.num_ack_pending,
+        OLD,
+        "new messages settled by old acknowledgements ({still_old} old ones were left)\n{}",
+        lg.logs()
+    );
+}
+
+/// A policy service on `policy.check` (subscribed before it returns) that,
+/// once the returned sender is used, approves the requests about the
+/// messages [`publish_each`] numbered below `old`, and never answers the
+/// others.
+async fn old_only_policy_service(
+    client: &async_nats::Client,
+    old: usize,
+) -> tokio::sync::oneshot::Sender<()> {
+    let mut requests = within("subscribe", client.subscribe("policy.check"))
+        .await
+        .unwrap();
+    within("subscribed", client.flush()).await.unwrap();
+    let (open, mut opened) = tokio::sync::oneshot::channel::<()>();
+    let answering = client.clone();
+    let is_old = move |m: &async_nats::Message| {
+        let body: serde_json::Value = serde_json::from_slice(&m.payload).unwrap_or_default();
+        let n = body["content"]
+            .as_str()
+            .and_then(|c| c.strip_prefix("message "));
+        n.and_then(|n| n.parse::<usize>().ok())
+            .is_some_and(|n| n < old)
+    };
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        let mut gate_open = false;
+        let approve = r#"{"decision":"approve"}"#;
+        loop {
+            tokio::select! {
+                _ = &mut opened, if !gate_open => {
+                    gate_open = true;
+                    for reply in held.drain(..) {
+                        let _ = answering.publish(reply, approve.into()).await;
+                    }
+                }
+                m = requests.next() => {
+                    let Some(m) = m else { break };
+                    let Some(reply) = m.reply.clone().filter(|_| is_old(&m)) else { continue };
+                    if gate_open {
+                        let _ = answering.publish(reply, approve.into()).await;
+                    } else {
+                        held.push(reply);
+                    }
+                }
+            }
+        }
+    });
+    open
+}
+
 /// JetStream gone from the server loopguard reconnects to (restarted
 /// without it): loopguard is connected, but its consumer is lost and cannot
 /// be opened again, so `/readyz` answers 503 and `loopguard_ready` is 0

@@ -10,6 +10,7 @@
 //! stream sequence — so a stream that captures egress with deduplication
 //! holds each approved message exactly once.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,6 +100,9 @@ pub struct Replay {
     acked: Tier,
     /// The `max_ack_pending` it was sized for.
     sized_for: u64,
+    /// The stream's generation now (see [`ReplayKey`]), shared with the
+    /// workers (see [`Replay::current`]).
+    generation: Arc<AtomicU32>,
 }
 
 /// One tier of [`Replay`]: decisions by message.
@@ -150,6 +154,7 @@ impl Replay {
             unacked,
             acked: tier(quarter).build(),
             sized_for: max_ack_pending,
+            generation: Arc::default(),
         }
     }
 
@@ -209,11 +214,21 @@ impl Replay {
         }
     }
 
-    /// The stream was created again: the decisions held are of messages
-    /// it no longer has.
-    pub fn clear(&self) {
+    /// The stream was created again, and its messages are now of
+    /// `generation`: the decisions held are of messages it no longer has.
+    pub fn new_generation(&self, generation: u32) {
+        self.generation.store(generation, Ordering::Relaxed);
         self.unacked.invalidate_all();
         self.acked.invalidate_all();
+    }
+
+    /// Whether a message is of the stream as it is, not of one it replaced
+    /// (created again since): only then is it acknowledged, handed back or
+    /// said to be in progress. Its acknowledgement subject names its
+    /// stream sequence, which in the new stream names another message: the
+    /// server would settle that one.
+    pub fn current(&self, key: ReplayKey) -> bool {
+        key.0 == self.generation.load(Ordering::Relaxed)
     }
 }
 
@@ -601,7 +616,7 @@ pub async fn run<E: From<JetStreamError>>(
             (highest, seen_before, created) = (0, 0, pull.created);
             generation += 1;
             if let Some(replay) = replay {
-                replay.clear();
+                replay.new_generation(generation);
             }
         }
         let opened = tokio::time::Instant::now();
@@ -853,8 +868,10 @@ mod tests {
             replay.acknowledged((0, seq));
         }
         assert!(replay.get((0, 9_999)).is_some());
-        replay.clear();
+        assert!(replay.current((0, 0)));
+        replay.new_generation(1);
         assert!(replay.get((0, 0)).is_none());
+        assert!(!replay.current((0, 0)) && replay.current((1, 0)));
     }
 
     #[test]

@@ -97,7 +97,8 @@ pub struct Left {
     pub handed_back: AtomicUsize,
     /// JetStream messages whose nak failed: redelivered after `ack_wait`.
     pub not_handed_back: AtomicUsize,
-    /// Core messages: lost.
+    /// Core messages, and JetStream ones of a stream created again since
+    /// (see `jetstream::Replay::current`): lost.
     pub dropped: AtomicUsize,
 }
 
@@ -550,16 +551,16 @@ impl Worker {
             ),
             false => (every, every),
         });
+        let replay = self.replay.clone();
         self.asking.push(Box::pin(async move {
             let started = Instant::now();
-            let acker = delivery.as_ref().map(|d| &d.acker);
             // The grace period first: once over, no question goes out (nor
             // is one answered at once by a resting breaker).
             let answer = tokio::select! {
                 biased;
                 () = grace_over.wait() => None,
                 outcome = publisher.ask_policy(&check) => Some((outcome, started.elapsed())),
-                never = in_progress(acker, told) => match never {},
+                never = in_progress(delivery.as_ref(), replay, told) => match never {},
             };
             Asked {
                 decision,
@@ -649,13 +650,19 @@ impl Worker {
             return;
         }
         for work in self.parked.values().flatten() {
-            if let Some(d) = &work.delivery {
+            if let Some(d) = work.delivery.as_ref().filter(|d| self.current(d.key)) {
                 if let Err(e) = d.acker.ack_with(AckKind::Progress).await {
                     tracing::debug!(error = %e, "could not say a held message is in progress");
                 }
             }
         }
         self.in_progress_due = now + every;
+    }
+
+    /// Whether a JetStream message is of the stream as it is now (see
+    /// [`jetstream::Replay::current`]).
+    fn current(&self, key: jetstream::ReplayKey) -> bool {
+        self.replay.as_ref().is_none_or(|r| r.current(key))
     }
 
     /// Gives up (see [`Worker::abandon`]) the messages `world` held back
@@ -678,11 +685,12 @@ impl Worker {
     /// again a second later (to the next instance; the delay as the
     /// intake's, see [`jetstream::HAND_BACK_DELAY`]) rather than after
     /// `ack_wait`. A core one is dropped, as the process would lose it
-    /// anyway. Its outputs were never published, and its world's state
+    /// anyway, and so is one of a stream created again since (its nak
+    /// would hand back the new stream's message of its number). Its outputs were never published, and its world's state
     /// holds nothing of it.
     async fn abandon(&mut self, delivery: Option<Delivery>) {
         let left = &self.grace_over.left;
-        let Some(d) = delivery else {
+        let Some(d) = delivery.filter(|d| self.current(d.key)) else {
             left.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         };
@@ -720,6 +728,14 @@ impl Worker {
             from = pending.answers_end;
             if !confirmed {
                 left += 1;
+                continue;
+            }
+            if self
+                .replay
+                .as_ref()
+                .is_some_and(|r| !r.current(pending.key))
+            {
+                // Of a stream created again since: nothing to settle.
                 continue;
             }
             match pending.acker.ack().await {
@@ -777,16 +793,23 @@ fn in_progress_every(ack_wait: Duration) -> Duration {
     ack_wait / 3
 }
 
-/// Tells the server that the JetStream message `acker` acknowledges is
-/// still in progress: after `first`, then every `every` (`told`); never
-/// ends (and does nothing for a core message).
-async fn in_progress(acker: Option<&Acker>, told: Option<(Duration, Duration)>) -> Infallible {
-    if let (Some(acker), Some((first, every))) = (acker, told) {
+/// Tells the server that a JetStream message is still in progress: after
+/// `first`, then every `every` (`told`), while its stream is the one
+/// `replay` knows; never ends (and does nothing for a core message).
+async fn in_progress(
+    delivery: Option<&Delivery>,
+    replay: Option<jetstream::Replay>,
+    told: Option<(Duration, Duration)>,
+) -> Infallible {
+    if let (Some(d), Some(replay), Some((first, every))) = (delivery, replay, told) {
         let mut wait = first;
         loop {
             tokio::time::sleep(wait).await;
             wait = every;
-            if let Err(e) = acker.ack_with(AckKind::Progress).await {
+            if !replay.current(d.key) {
+                break;
+            }
+            if let Err(e) = d.acker.ack_with(AckKind::Progress).await {
                 tracing::debug!(error = %e, "could not say a message asking the policy is in progress");
             }
         }
