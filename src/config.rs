@@ -1101,7 +1101,7 @@ impl Config {
                 format!("{:?} is not a log filter: {e}", self.log.level),
             ));
         }
-        validate_rules("rules", &self.rules)?;
+        validate_rules("rules", &self.rules, &self.nats.prefix)?;
         if self.runtime.threads == 0 || self.runtime.threads > 1024 {
             return Err(invalid("runtime.threads", "must be 1 to 1024"));
         }
@@ -1136,7 +1136,7 @@ impl Config {
             }
             let rules = merge_rules(&self.rules, &section.rules)
                 .map_err(|e| invalid(format!("{key}.rules"), e))?;
-            validate_rules(&format!("{key}.rules"), &rules)?;
+            validate_rules(&format!("{key}.rules"), &rules, &self.nats.prefix)?;
             if worlds
                 .insert(world, Arc::new(WorldSettings { agents, rules }))
                 .is_some()
@@ -1163,7 +1163,7 @@ impl Config {
 }
 
 /// Checks the ranges a rule's type does not express.
-fn validate_rules(key: &str, rules: &RulesConfig) -> Result<(), ConfigError> {
+fn validate_rules(key: &str, rules: &RulesConfig, prefix: &str) -> Result<(), ConfigError> {
     if !(2..=8).contains(&rules.alternation.max_period) {
         return Err(invalid(
             format!("{key}.alternation.max_period"),
@@ -1192,6 +1192,25 @@ fn validate_rules(key: &str, rules: &RulesConfig) -> Result<(), ConfigError> {
         return Err(invalid(
             format!("{key}.policy.subject"),
             "must be dot-separated tokens of A-Z, a-z, 0-9, '_' and '-' (no wildcards)",
+        ));
+    }
+    // A request carries the message's egress copy: on an egress subject
+    // every subscriber there would read it (private ones too), and on an
+    // ingress one loopguard would take its own requests in.
+    let family = ["raw", "join", "public", "private", "events"]
+        .into_iter()
+        .find(|family| {
+            let family = format!("{prefix}.{family}");
+            rules.policy.subject == family
+                || rules.policy.subject.starts_with(&format!("{family}."))
+        });
+    if let Some(family) = family {
+        return Err(invalid(
+            format!("{key}.policy.subject"),
+            format!(
+                "{:?} is among loopguard's own subjects ({prefix}.{family}.…): its requests, which carry each message, would reach that family's subscribers; choose a subject outside {prefix}.raw, .join, .public, .private and .events",
+                rules.policy.subject
+            ),
         ));
     }
     if !(1..=10_000).contains(&rules.policy.timeout_ms) {
@@ -1552,6 +1571,42 @@ mod tests {
         assert!(e.contains("rules.policy.timeout_ms"), "{e}");
         let e = error_of("[rules.policy]\ntrip_after = 10001\n", &[]);
         assert!(e.contains("rules.policy.trip_after"), "{e}");
+    }
+
+    #[test]
+    fn the_policy_subject_is_none_of_loopguards_own() {
+        let policy = |subject: &str| format!("[rules.policy]\nsubject = \"{subject}\"\n");
+        for own in [
+            "chat.public.audit",
+            "chat.raw.w.agent.a",
+            "chat.events",
+            "chat.private.w.a",
+        ] {
+            let e = error_of(&policy(own), &[]);
+            assert!(
+                e.contains("rules.policy.subject") && e.contains(own),
+                "{own}: {e}"
+            );
+        }
+        // Per world too, and under another prefix.
+        let e = error_of("[worlds.w.rules.policy]\nsubject = \"chat.join.x\"\n", &[]);
+        assert!(e.contains("worlds.w.rules.policy.subject"), "{e}");
+        let e = error_of(
+            &format!("[nats]\nprefix = \"a.b\"\n{}", policy("a.b.public.x")),
+            &[],
+        );
+        assert!(e.contains("a.b.public"), "{e}");
+        // Beside them, or under another prefix, a subject is fine.
+        for other in [
+            "chat.policy.check",
+            "chat.publicity",
+            "policy.check",
+            "chat",
+        ] {
+            assert!(load_toml(&policy(other), &[]).is_ok(), "{other}");
+        }
+        let moved = format!("[nats]\nprefix = \"a\"\n{}", policy("chat.public.x"));
+        assert!(load_toml(&moved, &[]).is_ok());
     }
 
     #[test]
