@@ -188,7 +188,7 @@ def main():
     # 4. the schema refuses wrong types and unknown keys
     for bad in ["config.rules.turns.max=lots", "config.colour=blue", "config.mode=loud", "replicaCount=-1", "replicaCount=2",
                 "config.worlds.bad\\.name.agents={x}", "config.state.context_messages=300", "config.rules.policy.timeout_ms=20000",
-                "config.rules.policy.trip_after=10001",
+                "config.rules.policy.trip_after=10001", "terminationGraceExtraSeconds=3",
                 "config.nats.jetstream.retention=forever", "updateStrategy.type=Sometimes",
                 "config.state.idle_seconds=315360001", "config.nats.jetstream.ack_wait_seconds=315360001",
                 "config.nats.subscription_capacity=16777217", "config.reload.watch_seconds=86401",
@@ -207,7 +207,8 @@ def main():
     for good in ["config.rules.rate.max=0,config.rules.rate.window_seconds=0", "auth.natsUser=lg,auth.natsPassword=pw",
                  "auth.natsToken=t", "auth.natsNkeySeed=SUAB", "auth.existingSecret=mine,auth.natsUser=ignored",
                  "auth.adminToken=two words", "serviceMonitor.interval=1m30s", "serviceMonitor.interval=1d",
-                 "serviceMonitor.interval=500ms", "global.imageRegistry=registry.example", "enabled=true"]:
+                 "serviceMonitor.interval=500ms", "global.imageRegistry=registry.example", "enabled=true",
+                 "terminationGraceExtraSeconds=4"]:
         p = helm("template", "lg", CHART, "--set", good, expect_ok=False)
         if p.returncode != 0:
             fail(f"the schema refused --set {good}: {p.stderr}")
