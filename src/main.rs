@@ -23,10 +23,23 @@ struct Args {
 }
 
 /// Logs go to standard error, as text or JSON; `RUST_LOG` wins over
-/// `log.level` when set.
+/// `log.level` when set, unless it is no log filter: then `log.level`
+/// applies, and the first line says so.
 fn init_logs(log: &loopguard::config::LogConfig) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&log.level));
+    let from_env = std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty());
+    let (filter, refused) = match from_env.as_deref().map(EnvFilter::try_new) {
+        Some(Ok(filter)) => (filter, None),
+        Some(Err(e)) => (EnvFilter::new(&log.level), Some(e)),
+        None => (EnvFilter::new(&log.level), None),
+    };
+    init_format(log, filter);
+    if let (Some(e), Some(value)) = (refused, from_env) {
+        tracing::warn!(rust_log = ?value, error = %e, level = %log.level, "RUST_LOG is not a log filter; log.level applies");
+    }
+}
+
+fn init_format(log: &loopguard::config::LogConfig, filter: tracing_subscriber::EnvFilter) {
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter);

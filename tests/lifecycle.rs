@@ -454,6 +454,23 @@ async fn until_ready(lg: &Loopguard) {
     .await;
 }
 
+/// A `RUST_LOG` that is no log filter does not silence loopguard: its
+/// `log.level` applies (here `debug`, so a debug line shows), and the first
+/// line says why.
+#[tokio::test]
+async fn a_rust_log_that_is_no_filter_is_named_and_log_level_applies() {
+    let nats = NatsServer::start();
+    let lg = Loopguard::spawn_env(
+        &nats.url(),
+        "[log]\nlevel = \"debug\"\n",
+        &[("RUST_LOG", "loud=[")],
+    );
+    lg.until_logged("RUST_LOG is not a log filter; log.level applies", 1)
+        .await;
+    lg.until_logged(" DEBUG ", 1).await;
+    assert!(lg.logs().contains("loud=["), "{}", lg.logs());
+}
+
 #[tokio::test]
 async fn authenticates_to_nats_with_user_password_token_or_url_credentials_and_never_logs_them() {
     let secret = "pw-Zq81";
