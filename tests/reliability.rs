@@ -1126,25 +1126,7 @@ async fn an_ingest_stream_lost_with_a_server_restart_is_set_up_again() {
     publish_messages(&js, 0..N / 2).await;
     until_stream_holds(&js, "EGRESS", (N / 2) as u64, &lg).await;
 
-    nats.restart_after_sigterm();
-    // async-nats finds the consumer gone once it has retried its lookup
-    // after the reconnect (about 15 s), so this waits longer than `within`.
-    let lost = async {
-        while !lg.logs().contains("opening the consumer again") {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(45), lost)
-        .await
-        .unwrap_or_else(|_| panic!("the lost consumer was not noticed\n{}", lg.logs()));
-    within("the ingest stream set up again", async {
-        while client.connection_state() != async_nats::connection::State::Connected
-            || js.get_stream("LOOPGUARD_INGEST").await.is_err()
-        {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    restart_losing_the_ingest_stream(&mut nats, &client, &js, &lg).await;
     publish_messages(&js, N / 2..N).await;
 
     until_stream_holds(&js, "EGRESS", N as u64, &lg).await;
@@ -1230,23 +1212,7 @@ async fn messages_of_a_stream_created_again_do_not_settle_the_new_stream_s() {
     publish_each(&js, 0..OLD, agent).await;
     until_delivered(&js, OLD).await;
 
-    nats.restart_after_sigterm();
-    let lost = async {
-        while !lg.logs().contains("opening the consumer again") {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(45), lost)
-        .await
-        .unwrap_or_else(|_| panic!("the lost consumer was not noticed\n{}", lg.logs()));
-    within("the ingest stream set up again", async {
-        while client.connection_state() != async_nats::connection::State::Connected
-            || js.get_stream("LOOPGUARD_INGEST").await.is_err()
-        {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    restart_losing_the_ingest_stream(&mut nats, &client, &js, &lg).await;
     // The new stream's 1 to 10, behind what is left of the old ones.
     publish_each(&js, OLD..2 * OLD, agent).await;
     until_delivered(&js, OLD).await;
@@ -1316,6 +1282,36 @@ async fn old_only_policy_service(
         }
     });
     open
+}
+
+/// Restarts a server that holds the ingest stream in memory, and waits
+/// until loopguard has noticed its consumer lost and set the stream up
+/// again.
+async fn restart_losing_the_ingest_stream(
+    nats: &mut NatsServer,
+    client: &async_nats::Client,
+    js: &jetstream::Context,
+    lg: &Loopguard,
+) {
+    nats.restart_after_sigterm();
+    // async-nats finds the consumer gone once it has retried its lookup
+    // after the reconnect (about 15 s), so this waits longer than `within`.
+    let lost = async {
+        while !lg.logs().contains("opening the consumer again") {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(45), lost)
+        .await
+        .unwrap_or_else(|_| panic!("the lost consumer was not noticed\n{}", lg.logs()));
+    within("the ingest stream set up again", async {
+        while client.connection_state() != async_nats::connection::State::Connected
+            || js.get_stream("LOOPGUARD_INGEST").await.is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
 }
 
 /// JetStream gone from the server loopguard reconnects to (restarted

@@ -686,8 +686,9 @@ impl Worker {
     /// intake's, see [`jetstream::HAND_BACK_DELAY`]) rather than after
     /// `ack_wait`. A core one is dropped, as the process would lose it
     /// anyway, and so is one of a stream created again since (its nak
-    /// would hand back the new stream's message of its number). Its outputs were never published, and its world's state
-    /// holds nothing of it.
+    /// would hand back the new stream's message of its number). Its
+    /// outputs were never published, and its world's state holds nothing
+    /// of it.
     async fn abandon(&mut self, delivery: Option<Delivery>) {
         let left = &self.grace_over.left;
         let Some(d) = delivery.filter(|d| self.current(d.key)) else {
