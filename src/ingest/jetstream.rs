@@ -665,7 +665,7 @@ pub async fn run<E: From<JetStreamError>>(
                     tracing::warn!(error = %e, "could not hand back a message; it comes back after ack_wait");
                 }
                 break Some(format!(
-                    "the stream delivered a message on {subject}, which is not loopguard's input"
+                    "the stream delivered a message on {subject:?}, which is not loopguard's input"
                 ));
             }
             let seen = if delivered > 1 || (workqueue && sequence <= seen_before) {
