@@ -7,7 +7,8 @@ kubernetes-validate and yamllint from PyPI when missing, then:
   2. helm template both; kubernetes-validate --strict and yamllint the output;
   3. the ConfigMap's TOML passes `loopguard --check`;
   4. the values schema rejects wrong types and unknown keys;
-  5. the PrometheusRule carries config/prometheus/alerts.yml and passes promtool;
+  5. the PrometheusRule carries config/prometheus/alerts.yml and passes promtool,
+     and its release absence alert passes a promtool unit test;
   6. probes, security context, grace period and the config checksum are right.
 Exits non-zero on the first failure, saying what failed.
 """
@@ -116,6 +117,34 @@ def by_kind(manifests, kind):
     return found[0]
 
 
+def release_absent(yaml, group, service):
+    """promtool's unit test of the chart's LoopguardReleaseAbsent: it fires
+    when this release has no target while another loopguard is up, and is
+    quiet when this release is up, when its target fails (LoopguardDown's
+    case) and when no loopguard is up (LoopguardAbsent's)."""
+    (rule,) = group["rules"]
+    if rule["alert"] != "LoopguardReleaseAbsent":
+        fail(f"the chart's own group is not LoopguardReleaseAbsent: {group}")
+    this = f'up{{job="loopguard",namespace="default",service="{service}",instance="a"}}'
+    other = 'up{job="loopguard",namespace="default",service="other",instance="b"}'
+    fired = [{"exp_labels": {"severity": "critical", "job": "loopguard", "namespace": "default", "service": service},
+              "exp_annotations": rule["annotations"]}]
+    cases = [([(other, "1x15")], [(4, []), (6, fired)]),
+             ([(other, "1x15"), (this, "1x15")], [(10, [])]),
+             ([(other, "1x15"), (this, "0x15")], [(10, [])]),
+             ([(other, "0x15")], [(10, [])])]
+    tests = [{"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
+              "alert_rule_test": [{"eval_time": f"{m}m", "alertname": "LoopguardReleaseAbsent", "exp_alerts": exp}
+                                  for m, exp in evals]}
+             for series, evals in cases]
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "rules.yml"), "w") as f:
+            yaml.safe_dump({"groups": [group]}, f)
+        with open(os.path.join(tmp, "test.yml"), "w") as f:
+            yaml.safe_dump({"rule_files": ["rules.yml"], "tests": tests}, f)
+        run(["promtool", "test", "rules", "test.yml"], cwd=tmp)
+
+
 def main():
     ensure_helm()
     ensure_python_tools()
@@ -192,7 +221,12 @@ def main():
                 "config.nats.jetstream.retention=forever", "updateStrategy.type=Sometimes",
                 "config.state.idle_seconds=315360001", "config.nats.jetstream.ack_wait_seconds=315360001",
                 "config.nats.subscription_capacity=16777217", "config.reload.watch_seconds=86401",
-                "config.http.address=example.com", "config.http.address=0.0.0.0:80", "auth.adminToken=tok ",
+                "config.http.address=example.com", "config.http.address=0.0.0.0:80",
+                # the probes reach the pod IP: a loopback or single address never gets ready
+                "config.http.address=127.0.0.1", "config.http.address=::1", "config.http.address=10.1.2.3",
+                # u32 in loopguard: past it, the pod would crash-loop on a parse error
+                "config.rules.turns.max=4294967296", "config.worlds.lobby.rules.depth.max=4294967296",
+                "config.rules.low_content.min_chars=4294967296", "config.conversation.hot_messages=4294967296", "auth.adminToken=tok ",
                 # combinations loopguard refuses: a rule on with no window, one auth method at a time
                 "config.rules.rate.window_seconds=0", "config.rules.budget.max=5,config.rules.budget.window_seconds=0",
                 "config.rules.similar.threshold=0.5,config.rules.similar.window_seconds=0",
@@ -208,7 +242,8 @@ def main():
                  "auth.natsToken=t", "auth.natsNkeySeed=SUAB", "auth.existingSecret=mine,auth.natsUser=ignored",
                  "auth.adminToken=two words", "serviceMonitor.interval=1m30s", "serviceMonitor.interval=1d",
                  "serviceMonitor.interval=500ms", "global.imageRegistry=registry.example", "enabled=true",
-                 "terminationGraceExtraSeconds=4"]:
+                 "terminationGraceExtraSeconds=4", "config.http.address=::",
+                 "config.rules.turns.max=4294967295"]:
         p = helm("template", "lg", CHART, "--set", good, expect_ok=False)
         if p.returncode != 0:
             fail(f"the schema refused --set {good}: {p.stderr}")
@@ -223,12 +258,19 @@ def main():
     rule = by_kind(rendered["full"][1], "PrometheusRule")
     with open(os.path.join(ROOT, "config", "prometheus", "alerts.yml")) as f:
         alerts = yaml.safe_load(f)
-    if rule["spec"]["groups"] != alerts["groups"]:
+    groups = rule["spec"]["groups"]
+    if groups[:-1] != alerts["groups"]:
         fail("the PrometheusRule differs from config/prometheus/alerts.yml")
     with tempfile.NamedTemporaryFile("w", suffix=".yml", delete=False) as f:
-        yaml.safe_dump({"groups": rule["spec"]["groups"]}, f)
+        yaml.safe_dump({"groups": groups}, f)
     run(["promtool", "check", "rules", f.name])
     os.unlink(f.name)
+    release_absent(yaml, groups[-1], by_kind(rendered["full"][1], "Service")["metadata"]["name"])
+    for off in ["replicaCount=0", "serviceMonitor.enabled=false"]:
+        p = helm("template", "lg", CHART, "-f", full_values, "--set", off)
+        if by_kind(docs(p.stdout), "PrometheusRule")["spec"]["groups"] != alerts["groups"]:
+            fail(f"with {off} the PrometheusRule still has the release's absence alert")
+    ok("LoopguardReleaseAbsent fires for this release alone, only with a ServiceMonitor and a replica")
     monitor = by_kind(rendered["full"][1], "ServiceMonitor")
     if monitor["spec"]["endpoints"][0]["port"] != "http" or monitor["spec"]["endpoints"][0]["path"] != "/metrics":
         fail(f"ServiceMonitor does not scrape http /metrics: {monitor['spec']}")
