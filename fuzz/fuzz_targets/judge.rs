@@ -17,13 +17,16 @@ fn judge() -> &'static Judge {
 }
 
 fuzz_target!(|data: &[u8]| {
-    // The first line is the subject after "chat.", the rest the payload.
+    // The first line is the subject after "chat.", then after a tab (if
+    // any) a `Nats-Msg-Id` header; the rest is the payload.
     let split = data.iter().position(|&b| b == b'\n').unwrap_or(data.len());
-    let Ok(tail) = std::str::from_utf8(&data[..split]) else { return };
+    let Ok(line) = std::str::from_utf8(&data[..split]) else { return };
+    let (tail, header) = line.split_once('\t').map_or((line, None), |(t, h)| (t, Some(h)));
     let payload = data.get(split + 1..).unwrap_or(&[]);
     let judge = judge();
     let origin = judge.subjects().parse(&format!("chat.{tail}"));
-    if let Some(decision) = judge.decide(origin, payload, FallbackId::default()) {
+    let fallback = header.map(FallbackId::header).unwrap_or_default();
+    if let Some(decision) = judge.decide(origin, payload, fallback) {
         for out in &decision.outbound {
             let rest = out.subject.strip_prefix("chat.").expect("prefix");
             assert!(
