@@ -16,7 +16,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
+use hyper::header::{
+    HeaderValue, ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE,
+};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
@@ -115,11 +117,16 @@ pub const BY_STATE_TTL: Duration = Duration::from_secs(5);
 /// dropped (connections already accepted are served until they end).
 pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
     let open = Arc::new(Connections::default());
+    // Out of file descriptors, say, it fails again every 50 ms until some
+    // are freed: logged once every ten seconds, with the count.
+    let accept_failed = crate::metrics::LogLimit::default();
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(conn) => conn,
             Err(e) => {
-                tracing::warn!(error = %e, "http accept failed");
+                if let Some(count) = accept_failed.due() {
+                    tracing::warn!(error = %e, count, "http accept failed");
+                }
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -301,6 +308,14 @@ fn text(status: StatusCode, body: &'static str) -> Reply {
     reply(status, "text/plain; charset=utf-8", body)
 }
 
+/// 405, with the methods the route takes (RFC 9110 §15.5.6).
+fn not_allowed(allow: &'static str) -> Reply {
+    let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+    r.headers_mut()
+        .insert(ALLOW, HeaderValue::from_static(allow));
+    r
+}
+
 fn json_error(status: StatusCode, message: String) -> Reply {
     let body = serde_json::json!({ "error": message }).to_string();
     reply(status, "application/json", body)
@@ -323,7 +338,12 @@ pub fn handle(admin: &Admin, req: Request<Incoming>) -> Reply {
         .trim_start_matches('/')
         .split('/')
         .collect();
-    match (req.method(), segments.as_slice()) {
+    // HEAD is GET without the body (hyper leaves it out).
+    let method = match req.method() {
+        &Method::HEAD => &Method::GET,
+        m => m,
+    };
+    match (method, segments.as_slice()) {
         (&Method::GET, ["metrics"]) => {
             admin.metrics.worlds.set(admin.judge.worlds().len() as i64);
             let bytes = admin.judge.worlds().bytes();
@@ -367,13 +387,13 @@ pub fn handle(admin: &Admin, req: Request<Incoming>) -> Reply {
             }
         }
         (&Method::POST, ["v1", "worlds", world, "reset"]) => reset(admin, &req, world),
+        (_, ["v1", "worlds", _, "reset"]) => not_allowed("POST"),
         (
             _,
             ["metrics" | "healthz" | "readyz"]
             | ["v1", "worlds", _]
-            | ["v1", "worlds", _, "reset"]
             | ["v1", "worlds", _, "agents", _, "context"],
-        ) => text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
+        ) => not_allowed("GET, HEAD"),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
 }

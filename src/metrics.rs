@@ -37,7 +37,7 @@ pub struct Metrics {
     /// Configuration reloads: [succeeded, refused].
     reloads: [IntCounter; 2],
     /// When each drop reason was last logged, and how many since.
-    drop_log: Arc<[DropLog; DropReason::ALL.len()]>,
+    drop_log: Arc<[LogLimit; DropReason::ALL.len()]>,
 }
 
 /// Why a message was lost or an output not sent: the `reason` label of
@@ -87,10 +87,31 @@ struct Counters {
 /// Rate limit of the drop log: one line per reason per interval.
 const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
+/// One line every ten seconds for a fault that repeats: the first at once,
+/// then one per interval, with how many times it happened since the last.
 #[derive(Default)]
-struct DropLog {
+pub struct LogLimit {
     last: Mutex<Option<Instant>>,
     since: AtomicU64,
+}
+
+impl LogLimit {
+    /// Counts one more; `Some(count)` (this one included, since the last
+    /// line) when a line is due.
+    pub fn due(&self) -> Option<u64> {
+        self.due_at(Instant::now())
+    }
+
+    fn due_at(&self, now: Instant) -> Option<u64> {
+        let since = self.since.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| now.duration_since(t) < DROP_LOG_INTERVAL) {
+            return None;
+        }
+        *last = Some(now);
+        self.since.store(0, Ordering::Relaxed);
+        Some(since)
+    }
 }
 
 /// The `decision` label.
@@ -351,20 +372,15 @@ impl Metrics {
     }
 
     fn log_limited(&self, reason: DropReason, detail: &dyn std::fmt::Display) {
-        let log = &self.drop_log[reason as usize];
-        let since = log.since.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut last = log.last.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        if last.is_none_or(|t| now.duration_since(t) >= DROP_LOG_INTERVAL) {
-            *last = Some(now);
-            log.since.store(0, Ordering::Relaxed);
-            match reason {
-                DropReason::ClientError => {
-                    tracing::warn!(reason = reason.as_str(), count = since, %detail, "NATS client error")
-                }
-                _ => {
-                    tracing::warn!(reason = reason.as_str(), count = since, %detail, "messages dropped")
-                }
+        let Some(since) = self.drop_log[reason as usize].due() else {
+            return;
+        };
+        match reason {
+            DropReason::ClientError => {
+                tracing::warn!(reason = reason.as_str(), count = since, %detail, "NATS client error")
+            }
+            _ => {
+                tracing::warn!(reason = reason.as_str(), count = since, %detail, "messages dropped")
             }
         }
     }
@@ -406,5 +422,24 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeating_fault_is_logged_at_once_then_once_an_interval_with_its_count() {
+        let limit = LogLimit::default();
+        let start = Instant::now();
+        let at = |secs: f64| start + Duration::from_secs_f64(secs);
+        assert_eq!(limit.due_at(at(0.0)), Some(1));
+        // Every 50 ms for just under the interval: counted, not logged.
+        let quiet: Vec<_> = (1..200).map(|i| limit.due_at(at(f64::from(i) * 0.05))).collect();
+        assert!(quiet.iter().all(Option::is_none), "{quiet:?}");
+        assert_eq!(limit.due_at(at(10.0)), Some(200));
+        assert_eq!(limit.due_at(at(10.5)), None);
+        assert_eq!(limit.due_at(at(60.0)), Some(2));
     }
 }

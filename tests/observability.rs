@@ -5,7 +5,7 @@
 mod support;
 
 use serde_json::json;
-use support::{http, msg, Harness, NatsServer, Scrape};
+use support::{http, http_with_head, msg, Harness, NatsServer, Scrape};
 
 const TOKEN: &str = "s3cret-token";
 
@@ -188,8 +188,22 @@ async fn health_readiness_and_unknown_routes() {
     assert_eq!(http(&addr, "GET", "/readyz", &[]).await.0, 200);
     assert_eq!(http(&addr, "GET", "/nope", &[]).await.0, 404);
     assert_eq!(http(&addr, "GET", "/v1/worlds", &[]).await.0, 404);
-    assert_eq!(http(&addr, "DELETE", "/metrics", &[]).await.0, 405);
-    assert_eq!(http(&addr, "GET", "/v1/worlds/w/reset", &[]).await.0, 405);
+    // A 405 names the methods the route takes (RFC 9110 §15.5.6).
+    let allowed = |head: &str| {
+        head.lines()
+            .find_map(|l| l.strip_prefix("allow: "))
+            .map(str::to_string)
+    };
+    let (status, head, _) = http_with_head(&addr, "DELETE", "/metrics", &[]).await;
+    assert_eq!((status, allowed(&head).as_deref()), (405, Some("GET, HEAD")));
+    let (status, head, _) = http_with_head(&addr, "GET", "/v1/worlds/w/reset", &[]).await;
+    assert_eq!((status, allowed(&head).as_deref()), (405, Some("POST")));
+    // HEAD answers as GET does, without the body.
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let (status, head, body) = http_with_head(&addr, "HEAD", path, &[]).await;
+        assert_eq!((status, body.as_str()), (200, ""), "HEAD {path}: {head}");
+        assert!(head.contains("content-type: text/plain"), "HEAD {path}: {head}");
+    }
     assert_eq!(
         http(&addr, "POST", "/healthz", &[("Content-Length", "999999")])
             .await

@@ -177,7 +177,7 @@ pub trait Rule: Send + Sync {
 }
 
 /// Rules 2-6 in the order the contract applies them, then the rules this
-/// project adds (7-9, off by default).
+/// project adds (7-11, off by default).
 pub static LOOP_RULES: [&dyn Rule; 10] = [
     &Turns,
     &Depth,

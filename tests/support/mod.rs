@@ -597,6 +597,18 @@ impl Loopguard {
 
 /// A minimal HTTP/1.1 exchange: (status, body).
 pub async fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let (status, _, body) = http_with_head(addr, method, path, headers).await;
+    (status, body)
+}
+
+/// As [`http`], with the response head too (status line and headers, as
+/// sent: hyper writes header names in lower case).
+pub async fn http_with_head(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     within(&format!("{method} {path}"), async {
         let mut stream = tokio::net::TcpStream::connect(addr)
@@ -626,11 +638,8 @@ pub async fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)]
             .nth(1)
             .and_then(|s| s.parse().ok())
             .expect("status line");
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        (status, body)
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        (status, head.to_string(), body.to_string())
     })
     .await
 }
