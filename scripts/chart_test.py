@@ -225,7 +225,7 @@ def main():
                 # the probes reach the pod IP: a loopback or single address never gets ready
                 "config.http.address=127.0.0.1", "config.http.address=::1", "config.http.address=10.1.2.3",
                 # u32 in loopguard: past it, the pod would crash-loop on a parse error
-                "config.rules.turns.max=4294967296", "config.worlds.lobby.rules.depth.max=4294967296",
+                "config.rules.turns.max=4294967296", "config.rules.rate.max=10001", "config.worlds.lobby.rules.depth.max=4294967296",
                 "config.rules.low_content.min_chars=4294967296", "config.conversation.hot_messages=4294967296", "auth.adminToken=tok ",
                 # combinations loopguard refuses: a rule on with no window, one auth method at a time
                 "config.rules.rate.window_seconds=0", "config.rules.budget.max=5,config.rules.budget.window_seconds=0",

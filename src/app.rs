@@ -357,9 +357,8 @@ fn apply_reload(reload: &Reload, judge: &Judge, metrics: &Metrics, trigger: &'st
     // time, so an older file can never be applied after a newer one.
     static RELOADING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = RELOADING.lock().unwrap_or_else(|p| p.into_inner());
-    match reload() {
-        Ok(settings) => {
-            let restart = judge.reload(settings);
+    match reload().and_then(|settings| judge.reload(settings)) {
+        Ok(restart) => {
             metrics.reload(true);
             if restart.is_empty() {
                 tracing::info!(trigger, "configuration reloaded");

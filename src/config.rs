@@ -35,6 +35,8 @@ pub enum ConfigError {
 /// (moka refuses an expiry past 1000 years; JetStream durations are
 /// nanoseconds in an i64, about 292 years).
 pub const MAX_SECONDS: u64 = 315_360_000;
+/// Highest `rules.rate.max`.
+pub const MAX_RATE: u32 = 10_000;
 
 /// The most `nats.subscription_capacity` may say (tokio's channels refuse
 /// absurd capacities); a buffer this long already holds gigabytes.
@@ -1248,6 +1250,14 @@ fn validate_rules(key: &str, rules: &RulesConfig, prefix: &str) -> Result<(), Co
             ));
         }
     }
+    // Each agent keeps its last `rate.max` approval times: past this
+    // bound, a world's agents alone could outweigh the cache's share for one.
+    if rules.rate.max > MAX_RATE {
+        return Err(invalid(
+            format!("{key}.rate.max"),
+            format!("must be at most {MAX_RATE}"),
+        ));
+    }
     if rules.budget.max as usize > crate::state::MAX_BUDGET_WINDOW {
         return Err(invalid(
             format!("{key}.budget.max"),
@@ -1571,6 +1581,9 @@ mod tests {
         assert!(e.contains("rules.policy.timeout_ms"), "{e}");
         let e = error_of("[rules.policy]\ntrip_after = 10001\n", &[]);
         assert!(e.contains("rules.policy.trip_after"), "{e}");
+        let e = error_of("[worlds.a]\nrules.rate.max = 10001\n", &[]);
+        assert!(e.contains("worlds.a.rules.rate.max") && e.contains("10000"), "{e}");
+        assert!(load_toml("[rules.rate]\nmax = 10000\n", &[]).is_ok());
     }
 
     #[test]

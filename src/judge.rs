@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 use smol_str::SmolStr;
 
 use crate::clock::{rfc3339, Clock, Rfc3339};
-use crate::config::{FailMode, Mode, Settings};
+use crate::config::{ConfigError, FailMode, Mode, Settings};
 use crate::envelope::{self, EnvelopeError, FallbackId};
 use crate::events;
 use crate::json;
@@ -303,7 +303,10 @@ impl Judge {
     /// the sections that differ from those running but only take effect
     /// after a restart; those keep their running values here, so the next
     /// reload is compared with what runs, not with the last file read.
-    pub fn reload(&self, mut new: Settings) -> Vec<&'static str> {
+    /// Refused (the running settings stay) when what it applies does not
+    /// hold with the running sections: a policy subject among the running
+    /// prefix's subjects, from a file that also changes `nats.prefix`.
+    pub fn reload(&self, mut new: Settings) -> Result<Vec<&'static str>, ConfigError> {
         let old = self.settings();
         let (running, read) = (&old.config, &mut new.config);
         fn differ<T: Serialize>(a: &T, b: &T) -> bool {
@@ -320,8 +323,13 @@ impl Judge {
             )*};
         }
         restart_only!(nats, http, state, shutdown, log, runtime, reload);
+        // The file was checked with its own sections; checked again with
+        // the running ones, which are what the reloaded rules meet.
+        if !restart.is_empty() {
+            new = new.config.validate()?;
+        }
         *self.settings.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(new);
-        restart
+        Ok(restart)
     }
 
     /// The world cache's upkeep, for a moment with nothing to decide (see
@@ -408,8 +416,10 @@ impl Judge {
     /// changes none: a message that is not held back has no place in the
     /// world's order. One the rules could not read at all is rejected for
     /// that, as `decide` would. `None` for a pass, which the policy service
-    /// is never asked about and which hands the world back to a human: it
-    /// is held back, to be decided in its turn.
+    /// is never asked about and which hands the world back to a human, and
+    /// in observe mode, which rejects nothing (read here, with the limit,
+    /// from one reading of the settings): it is held back, to be decided in
+    /// its turn.
     pub fn shed(
         &self,
         world: &Name,
@@ -419,6 +429,9 @@ impl Judge {
         held: usize,
     ) -> Option<Decision> {
         let settings = self.settings();
+        if settings.config.mode == Mode::Observe {
+            return None;
+        }
         let limit = settings.config.limits.max_payload_bytes;
         let (id, rule, reason) = match envelope::parse(payload, fallback_id, limit) {
             Ok(env) if pass::is_pass(&env.content) => return None,
@@ -1456,12 +1469,35 @@ mod tests {
             let mut config = Config::default();
             config.http.listen = listen.into();
             config.rules.turns.max = turns;
-            rig.judge.reload(config.validate().unwrap())
+            rig.judge.reload(config.validate().unwrap()).unwrap()
         };
         assert_eq!(reload("127.0.0.1:1", 20), ["http"]);
         assert_eq!(reload("127.0.0.1:1", 5), ["http"], "still not running");
         assert_eq!(rig.judge.settings().config.rules.turns.max, 5);
         assert!(reload("0.0.0.0:9464", 5).is_empty(), "back to what runs");
+    }
+
+    /// A file that moves `nats.prefix` (a restart-only change) and puts the
+    /// policy subject under the running prefix is valid on its own, but
+    /// the running prefix is what the subject would meet: refused, the
+    /// running settings kept. Under the file's own prefix it is allowed.
+    #[test]
+    fn a_reload_checks_the_policy_subject_against_the_running_prefix() {
+        let rig = Rig::new(|_| {});
+        let reload = |prefix: &str, subject: &str| {
+            let mut config = Config::default();
+            config.nats.prefix = prefix.into();
+            config.rules.policy.subject = subject.into();
+            rig.judge.reload(config.validate().unwrap())
+        };
+        for subject in ["chat.events.policy", "chat.raw.x.agent.a", "chat.private.w.a"] {
+            let e = reload("loop", subject).unwrap_err().to_string();
+            assert!(e.contains("rules.policy.subject") && e.contains("chat."), "{e}");
+            assert_eq!(rig.judge.settings().config.rules.policy.subject, "");
+        }
+        assert_eq!(reload("loop", "loop.events.policy").unwrap(), ["nats"]);
+        assert_eq!(rig.judge.settings().config.rules.policy.subject, "loop.events.policy");
+        assert_eq!(rig.judge.settings().config.nats.prefix, "chat");
     }
 
     #[test]

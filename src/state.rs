@@ -362,6 +362,17 @@ impl WorldState {
             // first rejection sends a hand-back notice again.
             self.paused = false;
         }
+        let keep = (settings.rules.rate.max as usize).max(1);
+        if keep < (self.settings.rules.rate.max as usize).max(1) {
+            // The rate limit went down: each agent keeps its last `keep`
+            // approval times and gives the room back, which `footprint`
+            // (reading no agent of a long roster) counts by the limit.
+            for agent in self.agents.values_mut() {
+                let over = agent.approvals.len().saturating_sub(keep);
+                agent.approvals.drain(..over);
+                agent.approvals.shrink_to(keep + 1);
+            }
+        }
         if settings.rules.alternation.max_cycles == 0 {
             // Off keeps no speaker history: turned on again, the rule counts
             // from then, never across turns it did not see.
@@ -1728,6 +1739,42 @@ mod tests {
         }
         assert_eq!(w.messages.len(), MAX_REMEMBERED);
         assert!(!w.messages.contains_key("m0"));
+    }
+
+    /// A reload lowering the rate limit trims each agent's approval times
+    /// and their room: a long roster's footprint counts them by the limit
+    /// without reading them, and must not come out under what is held.
+    #[test]
+    fn a_reload_lowering_the_rate_limit_gives_the_agents_times_back() {
+        let with_rate = |max| with_rules(|r| r.rate.max = max);
+        let t0 = Instant::now();
+        let mut w = WorldState::new(with_rate(1000), Duration::from_secs(60), t0);
+        let agents: Vec<Name> = (0..20).map(|i| name(&format!("a{i}"))).collect();
+        for (i, agent) in agents.iter().enumerate() {
+            w.touch_agent(agent, t0);
+            for j in 0..1000 {
+                let (id, l) = (format!("{i}-{j}"), w.lineage("x", None, None, true));
+                w.record_approved(Approved {
+                    id: &Arc::from(id.as_str()),
+                    lineage: &l,
+                    content_hash: 0,
+                    now: t0,
+                    agent: Some((agent, 1000)),
+                    takes_turn: false,
+                });
+            }
+        }
+        let held = |w: &WorldState| -> usize {
+            agents.iter().map(|a| deque_bytes(&w.agent(a).unwrap().approvals)).sum()
+        };
+        assert!(held(&w) >= 20 * 1000 * size_of::<Instant>());
+        w.apply_settings(&with_rate(10), t0);
+        assert!(agents.iter().all(|a| w.agent(a).unwrap().approvals.len() == 10));
+        assert!(held(&w) <= 20 * 16 * size_of::<Instant>(), "{}", held(&w));
+        assert!(w.footprint() >= held(&w));
+        // Raised again: nothing to trim, the times grow with the traffic.
+        w.apply_settings(&with_rate(1000), t0);
+        assert!(agents.iter().all(|a| w.agent(a).unwrap().approvals.len() == 10));
     }
 
     #[test]

@@ -37,7 +37,6 @@ use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, watch};
 
-use crate::config::Mode;
 use crate::envelope::FallbackId;
 use crate::judge::{Decision, Judge, Outbound, PolicyCheck, PolicyFailure, PolicyOutcome};
 use crate::names::Name;
@@ -851,9 +850,6 @@ fn shed(judge: &Judge, work: &Work, held: usize) -> Option<Decision> {
     else {
         return None;
     };
-    if judge.settings().config.mode == Mode::Observe {
-        return None;
-    }
     let stable = work.delivery.as_ref().map(|d| d.stable_id.as_str());
     let fallback = fallback_id(&work.message, stable);
     judge.shed(world, sender, &work.message.payload, fallback, held)
