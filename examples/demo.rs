@@ -30,8 +30,18 @@ enum Style {
     Pass,
 }
 
+/// This run's tag, in every message it sends: loopguard keeps its state
+/// between runs, and a second run's replies, the same text within the
+/// duplicate rule's window, would be stopped by that rule instead.
+fn run_tag() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64 % 1_000_000)
+}
+
 /// An agent: answers every inbox message by addressing its peer.
 async fn agent(
+    run: u64,
     world: &'static str,
     me: &'static str,
     peer: &'static str,
@@ -50,11 +60,11 @@ async fn agent(
         n += 1;
         let (content, parent) = match style {
             Style::Chain => (
-                format!("@{peer} good point; {me} adds take #{n}"),
+                format!("@{peer} good point; {me} adds take #{n} (run {run})"),
                 msg["id"].clone(),
             ),
             Style::Flat => (
-                format!("@{peer} building on that: idea #{n} from {me}"),
+                format!("@{peer} building on that: idea #{n} from {me} (run {run})"),
                 msg["thread_id"].clone(),
             ),
             Style::Pass => (
@@ -76,6 +86,7 @@ async fn agent(
 
 /// Prints the world's events until a rejection (or an edit) ends the scene.
 async fn watch(
+    run: u64,
     client: &async_nats::Client,
     world: &str,
     question: &str,
@@ -84,7 +95,7 @@ async fn watch(
     let mut events = client.subscribe(format!("chat.events.{world}")).await?;
     let mut public = client.subscribe(format!("chat.public.{world}")).await?;
     client.flush().await?;
-    let question = json!({ "content": question, "id": format!("{world}-q") });
+    let question = json!({ "content": question, "id": format!("{world}-q-{run}") });
     client
         .publish(
             format!("chat.raw.{world}.human.hank"),
@@ -176,6 +187,7 @@ async fn main() -> Result<(), async_nats::Error> {
     let client = tokio::time::timeout(Duration::from_secs(5), async_nats::connect(url()))
         .await
         .map_err(|_| format!("no nats-server at {}", url()))??;
+    let run = run_tag();
     for (world, me, peer, style) in [
         ("echo", "alice", "bob", Style::Chain),
         ("echo", "bob", "alice", Style::Chain),
@@ -184,7 +196,7 @@ async fn main() -> Result<(), async_nats::Error> {
         ("handback", "carol", "hank", Style::Pass),
     ] {
         tokio::spawn(async move {
-            if let Err(e) = agent(world, me, peer, style).await {
+            if let Err(e) = agent(run, world, me, peer, style).await {
                 eprintln!("agent {me} in {world} stopped: {e}");
             }
         });
@@ -198,6 +210,7 @@ async fn main() -> Result<(), async_nats::Error> {
 
     println!("\n== 1. Echo loop: every reply answers the previous one (world `echo`)");
     watch(
+        run,
         &client,
         "echo",
         "@alice what do you think of the plan? Discuss it with bob.",
@@ -206,6 +219,7 @@ async fn main() -> Result<(), async_nats::Error> {
     .await?;
     println!("\n== 2. Brainstorm: every reply cites the question, so depth stays at 1 (world `brainstorm`)");
     watch(
+        run,
         &client,
         "brainstorm",
         "@alice brainstorm names for the product with bob",
@@ -213,7 +227,7 @@ async fn main() -> Result<(), async_nats::Error> {
     )
     .await?;
     println!("\n== 3. An agent hands control back itself (world `handback`)");
-    watch(&client, "handback", "@carol anything to add?", "pass").await?;
+    watch(run, &client, "handback", "@carol anything to add?", "pass").await?;
     println!("\nAll three loops ended by loopguard; the agents were never changed.");
     Ok(())
 }

@@ -8,6 +8,8 @@ The only loopguard-specific lines are the subjects:
     read from    chat.private.<world>.<name>       (what it should act on)
     announce on  chat.join.<world>.<name>          (puts it on the roster)
 
+(`chat` is loopguard's `nats.prefix`: `--prefix` when it runs with another.)
+
 Run two of them against a NATS server with loopguard in front:
 
     python agent.py --world demo --name alice --peer bob &
@@ -19,6 +21,11 @@ import asyncio
 import json
 
 import nats
+
+# loopguard forgets an agent that only listens after `state.idle_seconds`
+# (an hour by default), and all of its roster on a restart: the agent joins
+# again this often, and whenever its connection comes back.
+JOIN_EVERY_SECONDS = 600
 
 
 class Agent:
@@ -35,8 +42,18 @@ class Agent:
 
     async def start(self):
         await self.nc.subscribe(self.inbox, cb=self.on_message)
+        await self.announce()
+
+    async def announce(self):
+        """Puts the agent on the world's roster (the server has the join
+        once this returns)."""
         await self.nc.publish(self.join, b"")
         await self.nc.flush()
+
+    async def keep_joined(self):
+        while True:
+            await asyncio.sleep(JOIN_EVERY_SECONDS)
+            await self.announce()
 
     async def on_message(self, msg):
         message = json.loads(msg.data)
@@ -55,12 +72,19 @@ async def main():
     parser.add_argument("--world", default="demo")
     parser.add_argument("--name", required=True)
     parser.add_argument("--peer", required=True)
+    parser.add_argument("--prefix", default="chat", help="loopguard's nats.prefix")
     args = parser.parse_args()
-    nc = await nats.connect(args.url)
-    agent = Agent(nc, args.world, args.name, args.peer)
+    agent = None
+
+    async def rejoin():
+        if agent is not None:
+            await agent.announce()
+
+    nc = await nats.connect(args.url, reconnected_cb=rejoin)
+    agent = Agent(nc, args.world, args.name, args.peer, args.prefix)
     await agent.start()
     print(f"{args.name}: listening on {agent.inbox}, publishing to {agent.raw}")
-    await asyncio.Event().wait()
+    await agent.keep_joined()
 
 
 if __name__ == "__main__":

@@ -5,9 +5,15 @@
 //   publish to   chat.raw.<world>.agent.<name>   (its raw output)
 //   read from    chat.private.<world>.<name>     (what it should act on)
 //   announce on  chat.join.<world>.<name>        (puts it on the roster)
+// (`chat` is loopguard's `nats.prefix`: `--prefix` when it runs with another.)
 //
 //   npm install && npx tsx agent.ts --world demo --name alice --peer bob
-import { connect, JSONCodec } from "nats";
+import { connect, Events, JSONCodec } from "nats";
+
+// loopguard forgets an agent that only listens after `state.idle_seconds`
+// (an hour by default), and all of its roster on a restart: the agent joins
+// again this often, and whenever its connection comes back.
+const JOIN_EVERY_MS = 10 * 60 * 1000;
 
 interface Message {
   id: string;
@@ -31,15 +37,22 @@ async function main(): Promise<void> {
   const world = arg("world", "demo");
   const name = arg("name");
   const peer = arg("peer");
-  const prefix = "chat";
+  const prefix = arg("prefix", "chat");
 
   const nc = await connect({ servers: url });
   const json = JSONCodec<Message | { content: string; parent_id: string }>();
   const raw = `${prefix}.raw.${world}.agent.${name}`;
+  const join = `${prefix}.join.${world}.${name}`;
   const inbox = nc.subscribe(`${prefix}.private.${world}.${name}`);
-  nc.publish(`${prefix}.join.${world}.${name}`);
+  nc.publish(join);
   // The server holds the subscription and has the join once this returns.
   await nc.flush();
+  setInterval(() => nc.publish(join), JOIN_EVERY_MS);
+  void (async () => {
+    for await (const s of nc.status()) {
+      if (s.type === Events.Reconnect) nc.publish(join);
+    }
+  })();
   console.log(`${name}: listening on ${inbox.getSubject()}, publishing to ${raw}`);
 
   let n = 0;
