@@ -1582,7 +1582,10 @@ mod tests {
         let e = error_of("[rules.policy]\ntrip_after = 10001\n", &[]);
         assert!(e.contains("rules.policy.trip_after"), "{e}");
         let e = error_of("[worlds.a]\nrules.rate.max = 10001\n", &[]);
-        assert!(e.contains("worlds.a.rules.rate.max") && e.contains("10000"), "{e}");
+        assert!(
+            e.contains("worlds.a.rules.rate.max") && e.contains("10000"),
+            "{e}"
+        );
         assert!(load_toml("[rules.rate]\nmax = 10000\n", &[]).is_ok());
     }
 

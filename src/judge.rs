@@ -1480,7 +1480,7 @@ mod tests {
     /// A file that moves `nats.prefix` (a restart-only change) and puts the
     /// policy subject under the running prefix is valid on its own, but
     /// the running prefix is what the subject would meet: refused, the
-    /// running settings kept. Under the file's own prefix it is allowed.
+    /// running settings kept; one outside both prefixes is applied.
     #[test]
     fn a_reload_checks_the_policy_subject_against_the_running_prefix() {
         let rig = Rig::new(|_| {});
@@ -1488,15 +1488,28 @@ mod tests {
             let mut config = Config::default();
             config.nats.prefix = prefix.into();
             config.rules.policy.subject = subject.into();
-            rig.judge.reload(config.validate().unwrap())
+            config.validate().and_then(|s| rig.judge.reload(s))
         };
-        for subject in ["chat.events.policy", "chat.raw.x.agent.a", "chat.private.w.a"] {
+        for subject in [
+            "chat.events.policy",
+            "chat.raw.x.agent.a",
+            "chat.private.w.a",
+        ] {
             let e = reload("loop", subject).unwrap_err().to_string();
-            assert!(e.contains("rules.policy.subject") && e.contains("chat."), "{e}");
+            assert!(
+                e.contains("rules.policy.subject") && e.contains("chat."),
+                "{e}"
+            );
             assert_eq!(rig.judge.settings().config.rules.policy.subject, "");
         }
-        assert_eq!(reload("loop", "loop.events.policy").unwrap(), ["nats"]);
-        assert_eq!(rig.judge.settings().config.rules.policy.subject, "loop.events.policy");
+        // Under the file's own prefix: refused by the file's own check, as
+        // at start-up.
+        assert!(reload("loop", "loop.events.policy").is_err());
+        assert_eq!(reload("loop", "audit.policy").unwrap(), ["nats"]);
+        assert_eq!(
+            rig.judge.settings().config.rules.policy.subject,
+            "audit.policy"
+        );
         assert_eq!(rig.judge.settings().config.nats.prefix, "chat");
     }
 

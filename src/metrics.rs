@@ -436,7 +436,9 @@ mod tests {
         let at = |secs: f64| start + Duration::from_secs_f64(secs);
         assert_eq!(limit.due_at(at(0.0)), Some(1));
         // Every 50 ms for just under the interval: counted, not logged.
-        let quiet: Vec<_> = (1..200).map(|i| limit.due_at(at(f64::from(i) * 0.05))).collect();
+        let quiet: Vec<_> = (1..200)
+            .map(|i| limit.due_at(at(f64::from(i) * 0.05)))
+            .collect();
         assert!(quiet.iter().all(Option::is_none), "{quiet:?}");
         assert_eq!(limit.due_at(at(10.0)), Some(200));
         assert_eq!(limit.due_at(at(10.5)), None);

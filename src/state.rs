@@ -1765,16 +1765,23 @@ mod tests {
             }
         }
         let held = |w: &WorldState| -> usize {
-            agents.iter().map(|a| deque_bytes(&w.agent(a).unwrap().approvals)).sum()
+            agents
+                .iter()
+                .map(|a| deque_bytes(&w.agent(a).unwrap().approvals))
+                .sum()
         };
         assert!(held(&w) >= 20 * 1000 * size_of::<Instant>());
         w.apply_settings(&with_rate(10), t0);
-        assert!(agents.iter().all(|a| w.agent(a).unwrap().approvals.len() == 10));
+        assert!(agents
+            .iter()
+            .all(|a| w.agent(a).unwrap().approvals.len() == 10));
         assert!(held(&w) <= 20 * 16 * size_of::<Instant>(), "{}", held(&w));
         assert!(w.footprint() >= held(&w));
         // Raised again: nothing to trim, the times grow with the traffic.
         w.apply_settings(&with_rate(1000), t0);
-        assert!(agents.iter().all(|a| w.agent(a).unwrap().approvals.len() == 10));
+        assert!(agents
+            .iter()
+            .all(|a| w.agent(a).unwrap().approvals.len() == 10));
     }
 
     #[test]

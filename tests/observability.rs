@@ -195,14 +195,20 @@ async fn health_readiness_and_unknown_routes() {
             .map(str::to_string)
     };
     let (status, head, _) = http_with_head(&addr, "DELETE", "/metrics", &[]).await;
-    assert_eq!((status, allowed(&head).as_deref()), (405, Some("GET, HEAD")));
+    assert_eq!(
+        (status, allowed(&head).as_deref()),
+        (405, Some("GET, HEAD"))
+    );
     let (status, head, _) = http_with_head(&addr, "GET", "/v1/worlds/w/reset", &[]).await;
     assert_eq!((status, allowed(&head).as_deref()), (405, Some("POST")));
     // HEAD answers as GET does, without the body.
     for path in ["/healthz", "/readyz", "/metrics"] {
         let (status, head, body) = http_with_head(&addr, "HEAD", path, &[]).await;
         assert_eq!((status, body.as_str()), (200, ""), "HEAD {path}: {head}");
-        assert!(head.contains("content-type: text/plain"), "HEAD {path}: {head}");
+        assert!(
+            head.contains("content-type: text/plain"),
+            "HEAD {path}: {head}"
+        );
     }
     assert_eq!(
         http(&addr, "POST", "/healthz", &[("Content-Length", "999999")])

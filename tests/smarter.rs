@@ -661,7 +661,10 @@ async fn past_its_share_a_waiting_world_s_agent_messages_are_rejected_not_held()
             "policy check backlog: 64 earlier messages of this world wait for the policy service"
         );
         // Never placed in the world's order (docs/CONTRACT.md §9).
-        assert_eq!((&event.body["depth"], &event.body["turn"]), (&json!(0), &json!(0)));
+        assert_eq!(
+            (&event.body["depth"], &event.body["turn"]),
+            (&json!(0), &json!(0))
+        );
     }
 
     open.send(()).unwrap();
