@@ -138,7 +138,9 @@ async fn watch(
     }
     if !done {
         return Err(format!(
-            "no `{ends_on}` decision in {world}: is loopguard running on its defaults?"
+            "no `{ends_on}` decision in {world}: is loopguard running on its defaults? \
+             (A loopguard that played the demo in the last minute still holds its \
+             worlds: give the demo LOOPGUARD__HTTP__ADMIN_TOKEN to reset them.)"
         )
         .into());
     }
@@ -168,17 +170,39 @@ async fn until_ready() -> Result<(), async_nats::Error> {
 
 /// One `GET /readyz`: true on a 200.
 async fn ready(addr: &str) -> bool {
+    status(addr, "GET /readyz HTTP/1.0\r\nHost: loopguard\r\n\r\n").await == Some(200)
+}
+
+/// Sends one HTTP request to loopguard; the status it answers.
+async fn status(addr: &str, request: &str) -> Option<u16> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
-        return false;
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut line = [0u8; 12]; // "HTTP/1.1 200"
+    stream.read_exact(&mut line).await.ok()?;
+    std::str::from_utf8(&line[9..]).ok()?.parse().ok()
+}
+
+/// With loopguard's admin token (`LOOPGUARD__HTTP__ADMIN_TOKEN`, as compose
+/// gives both), clears the demo's worlds first: a loopguard that played the
+/// demo before still holds their state, and within a minute of that run the
+/// agents' rate windows, not the scenes' rules, would stop them.
+async fn reset_worlds(worlds: &[&str]) -> Result<(), async_nats::Error> {
+    let Ok(token) = std::env::var("LOOPGUARD__HTTP__ADMIN_TOKEN") else {
+        return Ok(());
     };
-    let mut status = [0u8; 12]; // "HTTP/1.1 200"
-    stream
-        .write_all(b"GET /readyz HTTP/1.0\r\nHost: loopguard\r\n\r\n")
-        .await
-        .is_ok()
-        && stream.read_exact(&mut status).await.is_ok()
-        && status.ends_with(b" 200")
+    let addr = http_addr();
+    for world in worlds {
+        let request = format!(
+            "POST /v1/worlds/{world}/reset HTTP/1.0\r\nHost: loopguard\r\n\
+             Authorization: Bearer {token}\r\nContent-Length: 0\r\n\r\n"
+        );
+        let answer = status(&addr, &request).await;
+        if answer != Some(204) {
+            return Err(format!("resetting world {world} at http://{addr}: {answer:?}").into());
+        }
+    }
+    Ok(())
 }
 
 #[tokio::main]
@@ -188,6 +212,7 @@ async fn main() -> Result<(), async_nats::Error> {
         .await
         .map_err(|_| format!("no nats-server at {}", url()))??;
     let run = run_tag();
+    reset_worlds(&["echo", "brainstorm", "handback"]).await?;
     for (world, me, peer, style) in [
         ("echo", "alice", "bob", Style::Chain),
         ("echo", "bob", "alice", Style::Chain),

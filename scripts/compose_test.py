@@ -147,6 +147,10 @@ def main():
     with open(os.path.join(ROOT, "config", "loopguard.toml"), "rb") as f:
         listen = tomllib.load(f)["http"]["listen"]
     port = listen.rsplit(":", 1)[1]
+    # The demo resets its worlds with loopguard's admin token (a second
+    # run would otherwise meet the first one's rate windows).
+    if services["demo"]["environment"].get("LOOPGUARD__HTTP__ADMIN_TOKEN") != lg["environment"].get("LOOPGUARD__HTTP__ADMIN_TOKEN"):
+        fail("the demo does not have loopguard's admin token")
     if services["demo"]["environment"].get("LOOPGUARD__HTTP__LISTEN") != f"loopguard:{port}":
         fail(f"the demo does not wait for the loopguard service's /readyz (loopguard:{port})")
     ok("the demo agents talk to the nats service and wait for the loopguard service")
