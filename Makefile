@@ -7,7 +7,7 @@ CARGO ?= cargo
 # tests, the benchmarks and the PGO build all look at it.
 DEMO_LOG ?= target/demo-loopguard.log
 
-.PHONY: all build test test-alerts test-chart test-compose test-examples py-deps ts-deps demo release bench memory deps test-deps lint fmt clean
+.PHONY: all build test test-alerts test-chart test-compose test-examples test-fuzz-build py-deps ts-deps demo release bench memory deps test-deps lint fmt clean
 
 all: build
 
@@ -26,7 +26,13 @@ test-deps:
 
 test: test-deps test-alerts
 	$(CARGO) test
-	$(MAKE) test-chart test-compose test-examples
+	$(MAKE) test-chart test-compose test-examples test-fuzz-build
+
+# The fuzz targets (fuzz/, run with cargo-fuzz) still build against the
+# library: a check, without cargo-fuzz or a fuzzing run. Its lock file is
+# kept in step (`cd fuzz && cargo update -w` after a dependency change).
+test-fuzz-build:
+	cd fuzz && CARGO_TARGET_DIR=../target/fuzz $(CARGO) check --locked --bins
 
 # Python tools for the chart, compose and example tests (pinned), in a
 # virtual environment of their own (Debian's Python refuses system-wide pip
