@@ -53,7 +53,15 @@ class Agent:
     async def keep_joined(self):
         while True:
             await asyncio.sleep(JOIN_EVERY_SECONDS)
+            await self.rejoin()
+
+    async def rejoin(self):
+        """`announce`, where the connection may be down: the next round
+        (or the reconnect) tries again, and the agent goes on."""
+        try:
             await self.announce()
+        except nats.errors.Error as e:
+            print(f"{self.name}: could not join again ({e!r}); trying later")
 
     async def on_message(self, msg):
         message = json.loads(msg.data)
@@ -78,7 +86,7 @@ async def main():
 
     async def rejoin():
         if agent is not None:
-            await agent.announce()
+            await agent.rejoin()
 
     nc = await nats.connect(args.url, reconnected_cb=rejoin)
     agent = Agent(nc, args.world, args.name, args.peer, args.prefix)

@@ -47,7 +47,9 @@ async function main(): Promise<void> {
   nc.publish(join);
   // The server holds the subscription and has the join once this returns.
   await nc.flush();
-  setInterval(() => nc.publish(join), JOIN_EVERY_MS);
+  const rejoin = setInterval(() => {
+    if (!nc.isClosed()) nc.publish(join);
+  }, JOIN_EVERY_MS);
   void (async () => {
     for await (const s of nc.status()) {
       if (s.type === Events.Reconnect) nc.publish(join);
@@ -67,6 +69,8 @@ async function main(): Promise<void> {
       parent_id: message.id,
     }));
   }
+  // The connection closed: nothing more to join.
+  clearInterval(rejoin);
 }
 
 main().catch((err) => {
