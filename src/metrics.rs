@@ -84,8 +84,9 @@ struct Counters {
     deliveries: [IntCounter; 2],
 }
 
-/// Rate limit of the drop log: one line per reason per interval.
-const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// How often a [`LogLimit`] lets a line through: the drop log (one per
+/// reason), NATS client errors, the HTTP server's failed accepts.
+const LOG_LIMIT_INTERVAL: Duration = Duration::from_secs(10);
 
 /// One line every ten seconds for a fault that repeats: the first at once,
 /// then one per interval, with how many times it happened since the last.
@@ -105,7 +106,7 @@ impl LogLimit {
     fn due_at(&self, now: Instant) -> Option<u64> {
         let since = self.since.fetch_add(1, Ordering::Relaxed) + 1;
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if last.is_some_and(|t| now.duration_since(t) < DROP_LOG_INTERVAL) {
+        if last.is_some_and(|t| now.duration_since(t) < LOG_LIMIT_INTERVAL) {
             return None;
         }
         *last = Some(now);
