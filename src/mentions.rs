@@ -28,15 +28,35 @@ pub struct Scan<'a> {
 pub fn scan(content: &str) -> Scan<'_> {
     let mut out = Scan::default();
     for paragraph in content.split('\n') {
-        let run_end = leading_run(paragraph, &mut out.leading);
+        let run_end = leading_run(paragraph, |tok| out.leading.push(tok));
         inline_mentions(paragraph, run_end, &mut out.inline);
     }
     out
 }
 
-/// Scans the paragraph-start run of one paragraph, pushing valid names;
-/// returns the byte offset where the run ends.
-fn leading_run<'a>(p: &'a str, out: &mut Vec<&'a str>) -> usize {
+/// The paragraph-start mentions of `content` alone: what routing reads
+/// first, and all it reads for an agent or system sender.
+pub fn leading(content: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for paragraph in content.split('\n') {
+        leading_run(paragraph, |tok| out.push(tok));
+    }
+    out
+}
+
+/// The mid-paragraph mentions of `content` alone.
+pub fn inline(content: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for paragraph in content.split('\n') {
+        let run_end = leading_run(paragraph, |_| {});
+        inline_mentions(paragraph, run_end, &mut out);
+    }
+    out
+}
+
+/// Scans the paragraph-start run of one paragraph, handing each valid name
+/// to `found`; returns the byte offset where the run ends.
+fn leading_run<'a>(p: &'a str, mut found: impl FnMut(&'a str)) -> usize {
     let b = p.as_bytes();
     let mut i = skip(b, 0, |c| c == b' ' || c == b'\t');
     while i < b.len() && b[i] == b'@' {
@@ -50,7 +70,7 @@ fn leading_run<'a>(p: &'a str, out: &mut Vec<&'a str>) -> usize {
             tok = stripped;
         }
         if is_name(tok) {
-            out.push(tok);
+            found(tok);
         }
         i = skip(b, j, |c| c == b' ' || c == b'\t' || c == b',');
     }
@@ -99,25 +119,30 @@ pub fn lowercase<'b>(token: &str, buf: &'b mut [u8; MAX_NAME_LEN]) -> &'b str {
 mod tests {
     use super::*;
 
-    fn leading(s: &str) -> Vec<&str> {
-        scan(s).leading
+    /// Each through `scan`, checked against the function of its own.
+    fn leading_of(s: &str) -> Vec<&str> {
+        let scan = scan(s);
+        assert_eq!(scan.leading, leading(s), "{s:?}");
+        assert_eq!(scan.inline, inline(s), "{s:?}");
+        scan.leading
     }
-    fn inline(s: &str) -> Vec<&str> {
+    fn inline_of(s: &str) -> Vec<&str> {
+        leading_of(s);
         scan(s).inline
     }
 
     #[test]
     fn finds_a_run_of_leading_mentions() {
-        assert_eq!(leading("@alice @bob, please review"), ["alice", "bob"]);
-        assert_eq!(leading("  \t@Alice,@bob hi"), ["Alice", "bob"]);
-        assert_eq!(leading("@alice: can you?"), ["alice"]);
-        assert_eq!(leading("hello\n  @carol go"), ["carol"]);
-        assert_eq!(leading("@alice\r\nnext"), ["alice"]);
+        assert_eq!(leading_of("@alice @bob, please review"), ["alice", "bob"]);
+        assert_eq!(leading_of("  \t@Alice,@bob hi"), ["Alice", "bob"]);
+        assert_eq!(leading_of("@alice: can you?"), ["alice"]);
+        assert_eq!(leading_of("hello\n  @carol go"), ["carol"]);
+        assert_eq!(leading_of("@alice\r\nnext"), ["alice"]);
     }
 
     #[test]
     fn the_run_goes_on_past_ignored_tokens() {
-        assert_eq!(leading("@ @@x @bob.> @alice hi"), ["alice"]);
+        assert_eq!(leading_of("@ @@x @bob.> @alice hi"), ["alice"]);
     }
 
     #[test]
@@ -140,23 +165,23 @@ mod tests {
             "x@alice",
             "@é",
         ] {
-            assert!(leading(s).is_empty(), "{s:?}");
+            assert!(leading_of(s).is_empty(), "{s:?}");
         }
-        assert!(leading(&format!("@{}", "a".repeat(65))).is_empty());
-        assert_eq!(leading(&format!("@{}", "a".repeat(64))).len(), 1);
+        assert!(leading_of(&format!("@{}", "a".repeat(65))).is_empty());
+        assert_eq!(leading_of(&format!("@{}", "a".repeat(64))).len(), 1);
     }
 
     #[test]
     fn inline_mentions_skip_at_signs_inside_words() {
-        assert_eq!(inline("mail a@b.com or ask @bob."), ["bob"]);
-        assert_eq!(inline("thanks (@carol) and @@dave"), ["carol"]);
-        assert_eq!(inline("ü@x"), Vec::<&str>::new());
-        assert_eq!(inline("say @ nothing"), Vec::<&str>::new());
+        assert_eq!(inline_of("mail a@b.com or ask @bob."), ["bob"]);
+        assert_eq!(inline_of("thanks (@carol) and @@dave"), ["carol"]);
+        assert_eq!(inline_of("ü@x"), Vec::<&str>::new());
+        assert_eq!(inline_of("say @ nothing"), Vec::<&str>::new());
     }
 
     #[test]
     fn leading_mentions_are_not_inline() {
-        assert!(inline("@alice @bob hi").is_empty());
+        assert!(inline_of("@alice @bob hi").is_empty());
     }
 
     #[test]

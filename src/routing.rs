@@ -68,14 +68,13 @@ pub fn route(
     world: &WorldState,
     now: Instant,
 ) -> Route {
-    let scan = mentions::scan(content);
     let mut buf = [0u8; MAX_NAME_LEN];
     let mut mentioned: Vec<Name> = Vec::new();
     // Past a few names, a set: a content may name the whole roster (1,024
     // agents) and repeat it, and a search of the list per token was
     // quadratic (9 ms for 64 KiB of mentions, measured).
     let mut taken: Option<HashSet<Name, foldhash::fast::RandomState>> = None;
-    for token in &scan.leading {
+    for token in mentions::leading(content) {
         let lower = mentions::lowercase(token, &mut buf);
         if lower == sender.as_str() {
             continue;
@@ -104,7 +103,9 @@ pub fn route(
     if kind != SenderKind::Human {
         return Route::public();
     }
-    let mentions_inline = scan.inline.iter().any(|token| {
+    // Inline mentions matter only to a human's message, so only a human's
+    // content is scanned for them.
+    let mentions_inline = mentions::inline(content).into_iter().any(|token| {
         let lower = mentions::lowercase(token, &mut buf);
         lower != sender.as_str() && world.roster_get(lower, now).is_some()
     });

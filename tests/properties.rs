@@ -180,6 +180,14 @@ proptest! {
     }
 
     #[test]
+    fn leading_and_inline_mentions_read_apart_are_the_scans(text in content()) {
+        // Routing reads the two kinds apart, the inline ones for humans only.
+        let scan = mentions::scan(&text);
+        prop_assert_eq!(mentions::leading(&text), scan.leading);
+        prop_assert_eq!(mentions::inline(&text), scan.inline);
+    }
+
+    #[test]
     fn normalisation_is_idempotent(text in content()) {
         let once = normalize::normalize(&text);
         prop_assert_eq!(normalize::normalize(&once), once);
