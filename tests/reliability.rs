@@ -898,6 +898,17 @@ async fn messages_held_back_longer_than_ack_wait_are_not_delivered_again() {
     // 10 s timeout.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let consumer = ingest_consumer(&js).await;
+    // Had the question timed out (a machine stalled for seconds), the first
+    // message would have been approved and acknowledged: say so, rather
+    // than leave a count one short to explain.
+    let addr = lg.http_addr().await;
+    let timeouts = support::Scrape::take(&addr)
+        .await
+        .get("loopguard_policy_requests_total", &[("outcome", "timeout")]);
+    assert_eq!(
+        timeouts, 0.0,
+        "the policy question timed out before the check"
+    );
     assert_eq!(
         (consumer.num_redelivered, consumer.num_ack_pending),
         (0, N),
@@ -1219,20 +1230,24 @@ async fn messages_of_a_stream_created_again_do_not_settle_the_new_stream_s() {
     let still_old = OLD - stream_messages(&js, "EGRESS").await as usize;
     let _ = open.send(());
     until_stream_holds(&js, "EGRESS", OLD as u64, &lg).await;
-    // What the old ones' acknowledgements would have settled has reached
-    // the server by then (they follow a flush).
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let consumer = ingest_consumer(&js).await;
     assert!(
         still_old > 1,
         "the old messages all timed out before the new ones came"
     );
-    assert_eq!(
-        consumer.num_ack_pending,
-        OLD,
-        "new messages settled by old acknowledgements ({still_old} old ones were left)\n{}",
-        lg.logs()
-    );
+    // The old ones' acknowledgements would follow their flush, within
+    // milliseconds: watched for 3 s, well short of the new ones' own 10 s
+    // policy timeout (after which they are rightly acknowledged).
+    let watch = std::time::Instant::now();
+    while watch.elapsed() < Duration::from_secs(3) {
+        let consumer = ingest_consumer(&js).await;
+        assert_eq!(
+            consumer.num_ack_pending,
+            OLD,
+            "new messages settled by old acknowledgements ({still_old} old ones were left)\n{}",
+            lg.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// A policy service on `policy.check` (subscribed before it returns) that,
@@ -1429,16 +1444,20 @@ async fn an_unusable_stream_or_consumer_in_loopguards_place_stops_it_with_a_clea
         let limits = stream::RetentionPolicy::Limits;
         let stream = ingest_stream_of(&js, &["chat.raw.>", "chat.join.>"], limits).await;
         let created = match consumer {
-            Some(config) => stream.create_consumer(config).await.map(|_| ()),
-            None => stream
-                .create_consumer(push::Config {
+            Some(config) => within("create the consumer", stream.create_consumer(config))
+                .await
+                .map(|_| ()),
+            None => within(
+                "create the push consumer",
+                stream.create_consumer(push::Config {
                     durable_name: Some("loopguard".into()),
                     deliver_subject: "elsewhere".into(),
                     ack_policy: AckPolicy::Explicit,
                     ..Default::default()
-                })
-                .await
-                .map(|_| ()),
+                }),
+            )
+            .await
+            .map(|_| ()),
         };
         created.unwrap_or_else(|e| panic!("consumer {name}: {e}"));
         stops_with(&nats, expected).await;

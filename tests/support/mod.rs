@@ -170,7 +170,15 @@ impl NatsServer {
             .status()
             .expect("kill runs");
         assert!(ok.success());
-        let _ = self.child.wait();
+        // Bounded: a server that does not exit fails the test, not hangs CI.
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        while self.child.try_wait().expect("nats-server waits").is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "nats-server did not exit on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         self.restart();
     }
 
@@ -259,10 +267,21 @@ impl Loopguard {
 
     /// Sends a signal by name (`HUP`, `TERM`, …).
     pub fn signal(&self, name: &str) {
-        let ok = Command::new("kill")
-            .args([&format!("-{name}"), &self.pid().to_string()])
+        self.signals(&[name]);
+    }
+
+    /// Sends the signals `names` in turn, microseconds apart (one shell's
+    /// built-in `kill`s, not a process each).
+    pub fn signals(&self, names: &[&str]) {
+        let script = names
+            .iter()
+            .map(|name| format!("kill -{name} $0"))
+            .collect::<Vec<_>>()
+            .join(" && ");
+        let ok = Command::new("sh")
+            .args(["-c", &script, &self.pid().to_string()])
             .status()
-            .expect("kill runs");
+            .expect("sh runs");
         assert!(ok.success());
     }
 
