@@ -234,7 +234,9 @@ def main():
                 "auth.natsUser=lg", "auth.natsPassword=pw", "auth.natsUser=lg,auth.natsPassword=pw,auth.natsToken=t",
                 "auth.natsToken=t,auth.credentialsSecret=creds", "auth.natsNkeySeed=SUAB,auth.natsToken=t",
                 "auth.natsNkeySeed=SUAB,auth.credentialsSecret=creds", "auth.natsNkeySeed=UAB",
-                "serviceMonitor.interval=", "serviceMonitor.interval=1m30", "serviceMonitor.interval=30s5"]:
+                "serviceMonitor.interval=", "serviceMonitor.interval=1m30", "serviceMonitor.interval=30s5",
+                # a client certificate needs the Secret it comes from; a pull secret needs a name
+                "auth.tlsClientCertificate=true", "imagePullSecrets[0].nam=regcred"]:
         p = helm("template", "lg", CHART, "--set", bad, expect_ok=False)
         if p.returncode == 0:
             fail(f"the schema accepted --set {bad}")
@@ -243,7 +245,8 @@ def main():
                  "auth.adminToken=two words", "serviceMonitor.interval=1m30s", "serviceMonitor.interval=1d",
                  "serviceMonitor.interval=500ms", "global.imageRegistry=registry.example", "enabled=true",
                  "terminationGraceExtraSeconds=4", "config.http.address=::",
-                 "config.rules.turns.max=4294967295"]:
+                 "config.rules.turns.max=4294967295", "auth.tlsClientCertificate=true,auth.tlsSecret=tls",
+                 "imagePullSecrets[0].name=regcred", "prometheusRule.sharedAlerts=false"]:
         p = helm("template", "lg", CHART, "--set", good, expect_ok=False)
         if p.returncode != 0:
             fail(f"the schema refused --set {good}: {p.stderr}")
@@ -266,11 +269,32 @@ def main():
     run(["promtool", "check", "rules", f.name])
     os.unlink(f.name)
     release_absent(yaml, groups[-1], by_kind(rendered["full"][1], "Service")["metadata"]["name"])
-    for off in ["replicaCount=0", "serviceMonitor.enabled=false"]:
-        p = helm("template", "lg", CHART, "-f", full_values, "--set", off)
-        if by_kind(docs(p.stdout), "PrometheusRule")["spec"]["groups"] != alerts["groups"]:
-            fail(f"with {off} the PrometheusRule still has the release's absence alert")
-    ok("LoopguardReleaseAbsent fires for this release alone, only with a ServiceMonitor and a replica")
+    p = helm("template", "lg", CHART, "-f", full_values, "--set", "serviceMonitor.enabled=false")
+    if by_kind(docs(p.stdout), "PrometheusRule")["spec"]["groups"] != alerts["groups"]:
+        fail("with serviceMonitor.enabled=false the PrometheusRule still has the release's absence alert")
+    # The shared alerts off (another release carries them): this release's own alone.
+    p = helm("template", "lg", CHART, "-f", full_values, "--set", "prometheusRule.sharedAlerts=false")
+    if [g["name"] for g in by_kind(docs(p.stdout), "PrometheusRule")["spec"]["groups"]] != ["loopguard-release"]:
+        fail("with prometheusRule.sharedAlerts=false the PrometheusRule still has alerts.yml's groups")
+    # Scaled to 0 on purpose: no alert at all (LoopguardAbsent would page).
+    p = helm("template", "lg", CHART, "-f", full_values, "--set", "replicaCount=0")
+    if any(m["kind"] == "PrometheusRule" for m in docs(p.stdout)):
+        fail("with replicaCount=0 a PrometheusRule is rendered")
+    # files/alerts.yml is a link: a copy of the chart that lost it fails
+    # with a reason, rather than rendering a PrometheusRule with no alert.
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = os.path.join(tmp, "loopguard")
+        shutil.copytree(CHART, copy, symlinks=True)
+        # As a checkout without symlinks (git's core.symlinks=false) has it:
+        # a file holding the link's target.
+        os.remove(os.path.join(copy, "files", "alerts.yml"))
+        with open(os.path.join(copy, "files", "alerts.yml"), "w") as f:
+            f.write("../../../config/prometheus/alerts.yml")
+        p = helm("template", "lg", copy, "--set", "prometheusRule.enabled=true", expect_ok=False)
+        if p.returncode == 0 or "files/alerts.yml is missing" not in p.stderr:
+            fail(f"a chart without its alerts file rendered, or failed without saying why: {p.stderr}")
+    ok("LoopguardReleaseAbsent fires for this release alone, only with a ServiceMonitor and a replica; "
+       "sharedAlerts and replicaCount=0 leave alerts.yml out; a lost alerts file fails the render")
     monitor = by_kind(rendered["full"][1], "ServiceMonitor")
     if monitor["spec"]["endpoints"][0]["port"] != "http" or monitor["spec"]["endpoints"][0]["path"] != "/metrics":
         fail(f"ServiceMonitor does not scrape http /metrics: {monitor['spec']}")
@@ -305,11 +329,25 @@ def main():
         # release made before the chart set a strategy still holds.
         if dep["spec"]["strategy"] != {"type": "Recreate", "rollingUpdate": None}:
             fail(f"{name}: update strategy {dep['spec']['strategy']}, expected Recreate clearing rollingUpdate")
-    base = by_kind(rendered["default"][1], "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
-    changed = docs(helm("template", "lg", CHART, "--set", "config.rules.turns.max=5").stdout)
-    moved = by_kind(changed, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
-    if base == moved:
+        # The chart's own version is not in the pod: an upgrade that changes
+        # nothing the pod runs does not restart it.
+        for key in ["helm.sh/chart", "app.kubernetes.io/version"]:
+            if key in pod["metadata"]["labels"]:
+                fail(f"{name}: the pod template carries {key}, so every chart upgrade restarts the pod")
+        # The config as a directory (the kubelet updates it; a subPath it never would).
+        mount = next(m for m in c["volumeMounts"] if m["name"] == "config")
+        if "subPath" in mount or c["args"] != ["--config", mount["mountPath"] + "/loopguard.toml"]:
+            fail(f"{name}: the config is not mounted as a directory loopguard reads: {mount} {c['args']}")
+    config_sum = lambda *sets: by_kind(docs(helm("template", "lg", CHART, *[a for s in sets for a in ("--set", s)]).stdout), "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    if config_sum() == config_sum("config.rules.turns.max=5"):
         fail("the config checksum did not change with the config")
+    # Watched (reload.watch_seconds > 0): what a reload applies does not
+    # roll the pod, what only a restart applies does.
+    watched = "config.reload.watch_seconds=30"
+    if config_sum(watched) != config_sum(watched, "config.rules.turns.max=5", "config.mode=observe"):
+        fail("with the config watched, a change a reload applies still rolls the pod")
+    if config_sum(watched) == config_sum(watched, "config.nats.url=nats://other:4222"):
+        fail("with the config watched, a change to nats did not roll the pod")
     # Secrets are read at start: a new one must roll the pods too.
     secret_sum = lambda *sets: by_kind(docs(helm("template", "lg", CHART, *[a for s in sets for a in ("--set", s)]).stdout), "Deployment")["spec"]["template"]["metadata"]["annotations"].get("checksum/secret")
     before, after = secret_sum("auth.natsPassword=a", "auth.natsUser=u"), secret_sum("auth.natsPassword=b", "auth.natsUser=u")
@@ -329,12 +367,22 @@ def main():
     secret = by_kind(seeded, "Secret")
     if ref["key"] != "nkey-seed" or ref["name"] != secret["metadata"]["name"] or secret["data"].get("nkey-seed") != "U1VBQg==":
         fail(f"the nkey seed does not reach LOOPGUARD__NATS__NKEY_SEED: {ref} {secret['data']}")
+    # An existing Secret is a required volume: a missing one holds the pod
+    # with an event, where the optional variables alone would start it
+    # without credentials.
+    existing = by_kind(docs(helm("template", "lg", CHART, "--set", "auth.existingSecret=mine").stdout), "Deployment")["spec"]["template"]["spec"]
+    volume = next((v for v in existing["volumes"] if v.get("secret", {}).get("secretName") == "mine"), None)
+    mounted = {m["name"] for m in existing["containers"][0]["volumeMounts"]}
+    if not volume or volume["secret"].get("optional") or volume["name"] not in mounted:
+        fail(f"auth.existingSecret is not a required, mounted volume: {existing['volumes']}")
     # Inline secrets beside auth.existingSecret are ignored: the notes say so.
     both = helm("install", "lg", CHART, "--dry-run", "--set", "auth.existingSecret=mine,auth.adminToken=t").stdout
     alone = helm("install", "lg", CHART, "--dry-run", "--set", "auth.existingSecret=mine").stdout
     if "are\nignored" not in both.split("NOTES:")[-1] or "ignored" in alone.split("NOTES:")[-1]:
         fail("the install notes do not say (only) when inline auth values beside auth.existingSecret are ignored")
-    ok("Deployment: labels, probes, restricted securityContext, grace period, resources, Recreate, config and secret checksums, secrets via env; notes hide URL passwords and name ignored inline secrets")
+    ok("Deployment: labels (none of the chart's version on the pod), probes, restricted securityContext, grace period, resources, Recreate, "
+       "config mounted as a directory, config checksum (restart-only sections when watched) and secret checksum, secrets via env, "
+       "existing Secret required; notes hide URL passwords and name ignored inline secrets")
 
     # 7. as a dependency of another chart (Helm then gives it `global`), switched by a condition
     with tempfile.TemporaryDirectory() as parent:

@@ -109,7 +109,13 @@ def main():
     p = subprocess.run([LOOPGUARD, "--check", "--config", config], env=env, capture_output=True, text=True)
     if p.returncode != 0:
         fail(f"loopguard's compose environment is rejected: {p.stderr}")
-    port = int(lg["ports"][0].split(":")[1])
+    port = int(lg["ports"][0].split(":")[-1])
+    # A demo with an open NATS, a fixed admin token and admin/admin
+    # Grafana: published on the loopback only.
+    for name, service in services.items():
+        for published in service.get("ports", []):
+            if not str(published).startswith("127.0.0.1:"):
+                fail(f"{name} publishes {published} beyond this machine's loopback")
     ok("loopguard's config and LOOPGUARD__ environment pass loopguard --check")
 
     # Prometheus: scrapes loopguard as job "loopguard", loads alerts.yml

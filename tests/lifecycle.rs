@@ -755,6 +755,52 @@ async fn a_watched_config_file_is_reloaded_when_it_changes() {
     assert_eq!(h.settle("w").await.event("w").body["rule"], "turns");
 }
 
+/// The kubelet updates a mounted ConfigMap (the chart's, with
+/// `config.reload.watch_seconds`) by writing the new file into a directory
+/// of its own and swapping a `..data` link to it; the config path is a link
+/// through `..data`, whose own time never changes. The watch follows it.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_watched_config_file_is_reloaded_when_a_configmap_link_is_swapped() {
+    use std::os::unix::fs::symlink;
+    let toml = |turns: u32| {
+        format!(
+            "[reload]\nwatch_seconds = 1\n[rules.turns]\nmax = {turns}\n[rules.depth]\nmax = 0\n"
+        )
+    };
+    let mut h = Harness::start(&toml(5)).await;
+    let path = h.loopguard.config_path();
+    let dir = path.parent().unwrap().to_owned();
+    // As the kubelet lays it out: loopguard.toml -> ..data/loopguard.toml,
+    // ..data -> ..v1 (the same settings, in place of the plain file).
+    let version = |name: &str, turns: u32| {
+        std::fs::create_dir(dir.join(name)).unwrap();
+        std::fs::write(dir.join(name).join("loopguard.toml"), toml(turns)).unwrap();
+    };
+    let swap = |link: &str, target: &str| {
+        let tmp = dir.join(format!("{link}.tmp"));
+        symlink(target, &tmp).unwrap();
+        std::fs::rename(&tmp, dir.join(link)).unwrap();
+    };
+    version("..v1", 5);
+    swap("..data", "..v1");
+    swap("loopguard.toml", "..data/loopguard.toml");
+    h.loopguard.until_logged("configuration reloaded", 1).await;
+    h.send_json("w", "agent", "alice", support::msg("one"))
+        .await;
+    h.send_json("w", "agent", "bob", support::msg("two")).await;
+    let out = h.settle("w").await;
+    assert_eq!(out.field("w", "decision"), vec![json!("approved"); 2]);
+
+    // An update: a new directory, and ..data swapped to it.
+    version("..v2", 1);
+    swap("..data", "..v2");
+    h.loopguard.until_logged("configuration reloaded", 2).await;
+    h.send_json("w", "agent", "alice", support::msg("three"))
+        .await;
+    assert_eq!(h.settle("w").await.event("w").body["rule"], "turns");
+}
+
 /// A bug that stops a worker (a panic, injected here in a debug build)
 /// stops loopguard with exit 1 and the panic's message, rather than leave
 /// that worker's worlds undecided while `/readyz` still says 200.

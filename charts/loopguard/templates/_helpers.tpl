@@ -62,11 +62,17 @@ numbers as integers (YAML numbers reach templates as float64, which would print
 
 {{/* loopguard.toml, rendered from .Values.config. */}}
 {{- define "loopguard.config" -}}
-{{- $c := .Values.config -}}
 # Rendered by the loopguard Helm chart from .Values.config.
 # Secrets (admin token, NATS credentials) come from the environment.
-mode = {{ include "loopguard.toml" $c.mode }}
+mode = {{ include "loopguard.toml" .Values.config.mode }}
+{{ include "loopguard.config.restart" . }}
+{{ include "loopguard.config.live" . }}
+{{- end }}
 
+{{/* The sections loopguard reads at start only (a reload names them and
+leaves them): a change to them must restart the pod. */}}
+{{- define "loopguard.config.restart" -}}
+{{- $c := .Values.config }}
 [nats]
 url = {{ include "loopguard.toml" $c.nats.url }}
 prefix = {{ include "loopguard.toml" $c.nats.prefix }}
@@ -97,12 +103,6 @@ key_file = "/etc/loopguard/tls/tls.key"
 {{- if contains ":" $address }}{{ $address = printf "[%s]" $address }}{{ end }}
 listen = {{ printf "%s:%d" $address (int64 $c.http.port) | quote }}
 
-[events]
-approved = {{ $c.events.approved }}
-
-[limits]
-max_payload_bytes = {{ include "loopguard.toml" $c.limits.max_payload_bytes }}
-
 [state]
 max_worlds = {{ include "loopguard.toml" $c.state.max_worlds }}
 max_bytes = {{ include "loopguard.toml" $c.state.max_bytes }}
@@ -121,6 +121,16 @@ threads = {{ include "loopguard.toml" $c.runtime.threads }}
 
 [reload]
 watch_seconds = {{ include "loopguard.toml" $c.reload.watch_seconds }}
+{{- end }}
+
+{{/* The sections a reload applies (mode is above, a top-level key). */}}
+{{- define "loopguard.config.live" -}}
+{{- $c := .Values.config }}
+[events]
+approved = {{ $c.events.approved }}
+
+[limits]
+max_payload_bytes = {{ include "loopguard.toml" $c.limits.max_payload_bytes }}
 
 [conversation]
 {{- range $k, $v := $c.conversation }}
