@@ -5,7 +5,8 @@
 //! separated by spaces, tabs or commas; the run goes on past tokens that are
 //! not names. A token ends at a space, tab, comma, CR or LF, and may carry one
 //! trailing `:` (`@alice: …`). A token holding anything else — `.`, `*`, `>`,
-//! non-ASCII, a second `@` — is not a name and is ignored as plain text.
+//! non-ASCII, a second `@` — is not a name: it is plain text, and so may hold
+//! an inline mention as any text may (`@bob.` is one, as `ask @bob.` is).
 //!
 //! An *inline* (mid-paragraph) mention is `@name` anywhere else, where the `@`
 //! does not sit inside a word (`a@b.com` is no mention).
@@ -28,8 +29,11 @@ pub struct Scan<'a> {
 pub fn scan(content: &str) -> Scan<'_> {
     let mut out = Scan::default();
     for paragraph in content.split('\n') {
-        let run_end = leading_run(paragraph, |tok| out.leading.push(tok));
-        inline_mentions(paragraph, run_end, &mut out.inline);
+        let run_end = leading_run(paragraph, |token| match token {
+            RunToken::Name(name) => out.leading.push(name),
+            RunToken::Plain(span) => inline_mentions(paragraph, span, &mut out.inline),
+        });
+        inline_mentions(paragraph, run_end..paragraph.len(), &mut out.inline);
     }
     out
 }
@@ -39,7 +43,11 @@ pub fn scan(content: &str) -> Scan<'_> {
 pub fn leading(content: &str) -> Vec<&str> {
     let mut out = Vec::new();
     for paragraph in content.split('\n') {
-        leading_run(paragraph, |tok| out.push(tok));
+        leading_run(paragraph, |token| {
+            if let RunToken::Name(name) = token {
+                out.push(name);
+            }
+        });
     }
     out
 }
@@ -48,15 +56,29 @@ pub fn leading(content: &str) -> Vec<&str> {
 pub fn inline(content: &str) -> Vec<&str> {
     let mut out = Vec::new();
     for paragraph in content.split('\n') {
-        let run_end = leading_run(paragraph, |_| {});
-        inline_mentions(paragraph, run_end, &mut out);
+        let run_end = leading_run(paragraph, |token| {
+            if let RunToken::Plain(span) = token {
+                inline_mentions(paragraph, span, &mut out);
+            }
+        });
+        inline_mentions(paragraph, run_end..paragraph.len(), &mut out);
     }
     out
 }
 
-/// Scans the paragraph-start run of one paragraph, handing each valid name
-/// to `found`; returns the byte offset where the run ends.
-fn leading_run<'a>(p: &'a str, mut found: impl FnMut(&'a str)) -> usize {
+/// A token of a paragraph-start run.
+enum RunToken<'a> {
+    /// A name: a paragraph-start mention.
+    Name(&'a str),
+    /// Not a name (`@bob.`, `@alice's`), so plain text at those bytes of
+    /// the paragraph, `@` included: read as any text is for inline
+    /// mentions, so `@bob.` is one here as it is mid-paragraph.
+    Plain(std::ops::Range<usize>),
+}
+
+/// Scans the paragraph-start run of one paragraph, handing each token to
+/// `found`; returns the byte offset where the run ends.
+fn leading_run<'a>(p: &'a str, mut found: impl FnMut(RunToken<'a>)) -> usize {
     let b = p.as_bytes();
     let mut i = skip(b, 0, |c| c == b' ' || c == b'\t');
     while i < b.len() && b[i] == b'@' {
@@ -69,18 +91,20 @@ fn leading_run<'a>(p: &'a str, mut found: impl FnMut(&'a str)) -> usize {
         if let Some(stripped) = tok.strip_suffix(':') {
             tok = stripped;
         }
-        if is_name(tok) {
-            found(tok);
-        }
+        found(if is_name(tok) {
+            RunToken::Name(tok)
+        } else {
+            RunToken::Plain(i..j)
+        });
         i = skip(b, j, |c| c == b' ' || c == b'\t' || c == b',');
     }
     i
 }
 
-/// Pushes inline mentions found in `p[from..]`.
-fn inline_mentions<'a>(p: &'a str, from: usize, out: &mut Vec<&'a str>) {
-    let b = p.as_bytes();
-    let mut i = from;
+/// Pushes inline mentions found in `p[span]`.
+fn inline_mentions<'a>(p: &'a str, span: std::ops::Range<usize>, out: &mut Vec<&'a str>) {
+    let b = &p.as_bytes()[..span.end];
+    let mut i = span.start;
     while let Some(off) = memchr::memchr(b'@', &b[i..]) {
         let at = i + off;
         let inside_word =
@@ -177,6 +201,19 @@ mod tests {
         assert_eq!(inline_of("thanks (@carol) and @@dave"), ["carol"]);
         assert_eq!(inline_of("ü@x"), Vec::<&str>::new());
         assert_eq!(inline_of("say @ nothing"), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn a_token_of_the_run_that_is_no_name_is_read_as_text() {
+        let s = scan("@alice. can you check?");
+        assert!(s.leading.is_empty());
+        assert_eq!(s.inline, ["alice"]);
+        assert_eq!(
+            inline_of("@ @@x @bob.> @alice's @carol hi"),
+            ["bob", "alice"]
+        );
+        assert_eq!(leading_of("@ @@x @bob.> @alice's @carol hi"), ["carol"]);
+        assert_eq!(inline_of("@alice:: hi"), ["alice"]);
     }
 
     #[test]

@@ -1,8 +1,15 @@
 //! Content normalisation for the `duplicate` rule (contract §5.4).
 //!
-//! Every paragraph-start `@token` is removed (roster or not), the text is
+//! Every paragraph-start `@name` is removed (roster or not), the text is
 //! lowercased, whitespace runs become one space, and the ends are trimmed.
 //! So `@bob Sounds  GOOD` and `@alice sounds good` are the same message.
+//! A token of the run that is no name (`@bob:approve`, `@alice's`, `@@x`)
+//! is text, as routing reads it, and ends the run here: it and everything
+//! after it stay, so `@bob:approve the plan` and `@bob:reject the plan` are
+//! not the same message. (Routing's run goes on past such a token; here a
+//! name after one stays, which keeps normalising twice the same as once:
+//! a run that went on would, the second time, swallow the commas of a
+//! paragraph joined after it.)
 //!
 //! Paragraph starts here skip any Unicode whitespace, not only spaces and
 //! tabs as routing does: otherwise a run hidden behind a no-break space would
@@ -56,14 +63,25 @@ pub fn normalize_into(content: &str, out: &mut String) {
         }
         for word in rest.split_whitespace() {
             word_break(&mut bytes);
-            let mut buf = [0; 4];
-            for c in word.chars().flat_map(char::to_lowercase) {
-                bytes.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
-            }
+            push_lowercase(&mut bytes, word);
         }
     }
     // Only whole characters were appended to valid UTF-8: this cannot fail.
     *out = String::from_utf8(bytes).unwrap_or_default();
+}
+
+/// Appends `word` lowercased, a byte at a time when it is ASCII.
+fn push_lowercase(bytes: &mut Vec<u8>, word: &str) {
+    if word.is_ascii() {
+        let at = bytes.len();
+        bytes.extend_from_slice(word.as_bytes());
+        bytes[at..].make_ascii_lowercase();
+        return;
+    }
+    let mut buf = [0; 4];
+    for c in word.chars().flat_map(char::to_lowercase) {
+        bytes.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+    }
 }
 
 /// `char::is_whitespace` on ASCII is space and these: \t, \n, \x0B, \x0C, \r.
@@ -131,16 +149,37 @@ pub fn substance_into(normalized: &str, out: &mut String) {
     }
 }
 
-/// `p` without its leading whitespace and paragraph-start `@token` run.
+/// `p` without its leading whitespace and paragraph-start `@name` run, up
+/// to the first `@token` that is no name.
 fn strip_leading_mentions(p: &str) -> &str {
     let mut s = p.trim_start();
     while let Some(rest) = s.strip_prefix('@') {
         let end = rest
             .find(|c: char| c.is_whitespace() || c == ',')
             .unwrap_or(rest.len());
+        if !is_mention(&rest[..end]) {
+            break;
+        }
         s = rest[end..].trim_start_matches(|c: char| c.is_whitespace() || c == ',');
     }
     s
+}
+
+/// Whether the token after an `@` is a name (with one trailing `:`), as
+/// routing reads mentions. Judged on its lowercase form, which is what
+/// normalising keeps: a token that lowercases to a name (the Kelvin sign's
+/// `K` becomes `k`) is removed the first time, not only when normalised
+/// again.
+fn is_mention(token: &str) -> bool {
+    let token = token.strip_suffix(':').unwrap_or(token);
+    let mut len = 0;
+    for c in token.chars().flat_map(char::to_lowercase) {
+        if !c.is_ascii() || !crate::names::is_name_byte(c as u8) {
+            return false;
+        }
+        len += 1;
+    }
+    (1..=crate::names::MAX_NAME_LEN).contains(&len)
 }
 
 #[cfg(test)]
@@ -164,11 +203,21 @@ mod tests {
     fn contents(ascii: bool) -> impl proptest::strategy::Strategy<Value = String> {
         let mut pieces = vec![
             "Hello", "wOrld", "x.Y", " ", " ", " ", "  ", "\t", "\x0b", "\x0c", "\r\n", "\n",
-            "@bob", "@a,", ",", ": ", "42",
+            "@bob", "@a,", ",", ": ", "42", "@b:", "@x.y", "@@", "'s",
         ];
         if !ascii {
             pieces.extend([
-                "É", "ΣΑΣ", "İ", "ß", "🙂", "\u{a0}", "\u{2003}", "²", "٣", "日本",
+                "É",
+                "ΣΑΣ",
+                "İ",
+                "ß",
+                "🙂",
+                "\u{a0}",
+                "\u{2003}",
+                "²",
+                "٣",
+                "日本",
+                "@\u{212a}",
             ]);
         }
         proptest::collection::vec(proptest::sample::select(pieces), 0..16).prop_map(|p| p.concat())
@@ -238,7 +287,28 @@ mod tests {
         assert_eq!(normalize("@bob Sounds  GOOD\t!"), "sounds good !");
         assert_eq!(normalize("  @Alice, @carol sounds good"), "sounds good");
         assert_eq!(normalize("first\n@bob second"), "first second");
-        assert_eq!(normalize("@@x @nobody.here ok"), "ok");
+        assert_eq!(normalize("@bob: ok"), "ok");
+    }
+
+    #[test]
+    fn keeps_run_tokens_that_are_no_names() {
+        assert_eq!(normalize("@@x @nobody.here ok"), "@@x @nobody.here ok");
+        assert_eq!(
+            normalize("@Bob:approve the migration"),
+            "@bob:approve the migration"
+        );
+        assert_ne!(
+            normalize("@bob:approve the migration"),
+            normalize("@bob:reject the migration")
+        );
+        assert_ne!(
+            normalize("@alice's draft looks right"),
+            normalize("@bob's draft looks right")
+        );
+        // The run ends at the first that is not: a name after it stays.
+        assert_eq!(normalize("@alice @x.y, @bob hi"), "@x.y, @bob hi");
+        // A token that lowercases to a name is one (normalising twice agrees).
+        assert_eq!(normalize("@\u{212a} hi"), "hi");
     }
 
     #[test]
@@ -276,6 +346,11 @@ mod tests {
             "@a\r\n@b\r\nz",
             "ǅ ß ΣΑΣ",
             "@a ,@b ,, c",
+            "@x.y\u{a0}@a z",
+            "@\u{212a}: k",
+            "@@ @b:c, @d",
+            "@\n, ",
+            "@x.y\n,@alice hi",
         ] {
             let once = normalize(s);
             assert_eq!(normalize(&once), once, "{s:?}");

@@ -179,6 +179,17 @@ mod tests {
         assert_eq!(r, Route::public());
     }
 
+    /// `@bob.` opens the paragraph but is no name: plain text, where it is
+    /// an inline mention as in `ask @bob.`, not a broadcast to everyone.
+    #[test]
+    fn a_human_s_paragraph_opening_with_a_mention_that_is_no_name_goes_public_only() {
+        let (w, now) = world();
+        for content in ["@bob. can you check?", "@bob's draft looks right"] {
+            let r = route(SenderKind::Human, &n("hank"), content, &w, now);
+            assert_eq!(r, Route::public(), "{content}");
+        }
+    }
+
     #[test]
     fn agent_and_system_without_leading_mentions_go_public_only() {
         let (w, now) = world();
