@@ -384,6 +384,83 @@ async fn when_the_grace_period_runs_out_the_undecided_messages_are_counted_as_dr
     .await;
 }
 
+/// Core mode: a message that would ask the policy service only after the
+/// grace period ran out is decided as a service that does not answer
+/// would have it (`fail = "open"`: approved), not dropped; only those
+/// waiting for an answer then are dropped. The others here are agents'
+/// messages of other worlds, queued behind a worker full of held messages
+/// (those on the other worker ask at once and wait: they are dropped, and
+/// the service saw their questions).
+#[tokio::test]
+async fn after_the_grace_period_a_core_message_not_yet_asked_about_is_decided_by_the_fail_mode() {
+    use futures::StreamExt;
+    const HELD: usize = loopguard::ingest::MAX_PARKED;
+    const OTHERS: usize = 20;
+    let mut h = Harness::start(
+        "[shutdown]\ngrace_seconds = 1\n[rules.policy]\nsubject = \"policy.mute\"\ntimeout_ms = 10000\nfail = \"open\"\n",
+    )
+    .await;
+    let mut questions = within("subscribe", h.client.subscribe("policy.mute"))
+        .await
+        .unwrap();
+    within("flush", h.client.flush()).await.unwrap();
+    h.send_json("w", "agent", "a1", support::msg("waits for the policy"))
+        .await;
+    within("the policy question", questions.next())
+        .await
+        .expect("a policy question");
+    for i in 0..HELD {
+        h.send_json("w", "human", "h1", support::msg(&format!("held {i}")))
+            .await;
+    }
+    for i in 0..OTHERS {
+        h.send_json(&format!("o{i}"), "agent", "a1", support::msg("queued"))
+            .await;
+    }
+    within("flush", h.client.flush()).await.unwrap();
+    let status = h.loopguard.terminate().await;
+    let logs = h.loopguard.logs();
+    assert_eq!(status.code(), Some(0), "{logs}");
+    // The questions the service got: all sent before loopguard exited, so
+    // all here once a flush has come back.
+    within("flush", h.client.flush()).await.unwrap();
+    let mut asked = std::collections::BTreeSet::new();
+    while let Some(Some(q)) = futures::FutureExt::now_or_never(questions.next()) {
+        let body: serde_json::Value = serde_json::from_slice(&q.payload).unwrap();
+        asked.insert(format!("chat.public.{}", body["world"].as_str().unwrap()));
+    }
+    let not_asked = OTHERS
+        - asked
+            .iter()
+            .filter(|w| w.starts_with("chat.public.o"))
+            .count();
+    assert!(
+        not_asked > 0,
+        "every other world hashed to the other worker (1 in 2^{OTHERS}): nothing to check"
+    );
+    let line = logs
+        .lines()
+        .find(|l| l.contains("left undecided when the grace period ran out"))
+        .unwrap_or_else(|| panic!("no count of what was left: {logs}"));
+    let dropped = HELD + 1 + (OTHERS - not_asked);
+    assert!(line.contains(&format!(" dropped={dropped}")), "{line}");
+    let mut approved = std::collections::BTreeSet::new();
+    within("the copies of the worlds not asked about", async {
+        while approved.len() < not_asked {
+            let got = h.recv().await.expect("a copy");
+            assert!(
+                !asked.contains(&got.subject),
+                "{} was asked and decided",
+                got.subject
+            );
+            if got.subject.starts_with("chat.public.o") {
+                approved.insert(got.subject);
+            }
+        }
+    })
+    .await;
+}
+
 /// A second signal during the drain ends it at once, exit 1: the grace
 /// period (5 minutes here) is not waited out. One within a second of the
 /// first is the same request (a wrapper passing Ctrl-C on as SIGTERM while

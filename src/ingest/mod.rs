@@ -553,13 +553,25 @@ impl Worker {
         let replay = self.replay.clone();
         self.asking.push(Box::pin(async move {
             let started = Instant::now();
-            // The grace period first: once over, no question goes out (nor
-            // is one answered at once by a resting breaker).
-            let answer = tokio::select! {
-                biased;
-                () = grace_over.wait() => None,
-                outcome = publisher.ask_policy(&check) => Some((outcome, started.elapsed())),
-                never = in_progress(delivery.as_ref(), replay, told) => match never {},
+            let answer = if delivery.is_none() && grace_over.is_over() {
+                // Core mode, asking after the grace period ran out: nothing
+                // could hand the message back, so it is decided (not
+                // dropped, as one still waiting then is) as a service that
+                // does not answer would have it, by `rules.policy.fail`.
+                let outcome = PolicyOutcome::Failed {
+                    failure: PolicyFailure::Skipped,
+                    why: "not asked: shutting down, the grace period is over".to_owned(),
+                };
+                Some((outcome, Duration::ZERO))
+            } else {
+                // The grace period first: once over, no question goes out
+                // (nor is one answered at once by a resting breaker).
+                tokio::select! {
+                    biased;
+                    () = grace_over.wait() => None,
+                    outcome = publisher.ask_policy(&check) => Some((outcome, started.elapsed())),
+                    never = in_progress(delivery.as_ref(), replay, told) => match never {},
+                }
             };
             Asked {
                 decision,
