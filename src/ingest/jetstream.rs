@@ -685,13 +685,18 @@ pub async fn run<E: From<JetStreamError>>(
         };
         // Dropped before opening again: the old pull could still take a
         // batch that no one would read until `ack_wait` brings it back.
-        hand_back(messages).await;
+        let handed_back = hand_back(messages).await;
         let Some(why) = why else { break };
         tracing::warn!(reason = %why, "JetStream consumer lost; opening the consumer again");
+        // Not before what was handed back is due again: a new pull any
+        // sooner would get the messages after them first, a world's later
+        // messages decided ahead of its earlier ones.
+        let due = handed_back.map(|at| at + HAND_BACK_DELAY + HAND_BACK_MARGIN);
+        let reopen_at = due.map_or(opened + REOPEN_EVERY, |due| due.max(opened + REOPEN_EVERY));
         tokio::select! {
             biased;
             _ = &mut stop => break,
-            _ = tokio::time::sleep_until(opened + REOPEN_EVERY) => {}
+            _ = tokio::time::sleep_until(reopen_at) => {}
         }
         next = reopen().await?;
         seen_before = highest;
@@ -706,13 +711,15 @@ pub async fn run<E: From<JetStreamError>>(
 /// [`HAND_BACK_DELAY`], so the server delivers it again a second later, not
 /// after `ack_wait`. A pull that starts after that second gets them ahead
 /// of later messages, so a world's messages stay in order across a restart
-/// (a pull already running elsewhere, or a reopen within the second, can
+/// or a reopen (which waits for it; a pull already running elsewhere can
 /// get later ones first). Messages still on their way when the pull is
 /// dropped come back after `ack_wait`, as do those of a nak the server does
 /// not get. With more than one runtime thread, taking the held messages can
 /// let the pull ask for a batch before it is dropped, which the server may
 /// send to the dropped pull: that batch too comes back after `ack_wait`.
-async fn hand_back(mut messages: pull::Stream) {
+/// Returns when the naks began, if there were any: the reopen waits until
+/// they are due.
+async fn hand_back(mut messages: pull::Stream) -> Option<tokio::time::Instant> {
     let (mut held, mut errors) = (Vec::new(), 0);
     loop {
         // Unconstrained: the task's cooperative budget, spent, would make
@@ -727,8 +734,9 @@ async fn hand_back(mut messages: pull::Stream) {
     }
     drop(messages);
     if held.is_empty() {
-        return;
+        return None;
     }
+    let started = tokio::time::Instant::now();
     let mut handed_back = 0usize;
     // Bounded (by the same second, short against the grace period): with
     // the connection gone the client's queue can fill, and a shutdown or a
@@ -753,6 +761,7 @@ async fn hand_back(mut messages: pull::Stream) {
         held = held.len(),
         "messages pulled but not given to a worker handed back for redelivery"
     );
+    Some(started)
 }
 
 /// How long the server waits before delivering a handed-back message
@@ -761,6 +770,10 @@ async fn hand_back(mut messages: pull::Stream) {
 /// a server with leaf nodes or gateways still serves a pull for 250 ms
 /// after its interest is gone); short against `ack_wait`.
 pub(super) const HAND_BACK_DELAY: Duration = Duration::from_secs(1);
+
+/// How long past [`HAND_BACK_DELAY`] a reopened pull waits, for the naks'
+/// way to the server (sent after the time `hand_back` returns).
+const HAND_BACK_MARGIN: Duration = Duration::from_millis(250);
 
 /// Errors [`hand_back`] reads past while taking what the pull holds.
 const HAND_BACK_MAX_ERRORS: usize = 16;
