@@ -137,6 +137,7 @@ pub async fn run(
 
     let subjects = judge.subjects().clone();
     let jetstream = &config.nats.jetstream;
+    let capacity = config.nats.subscription_capacity;
     // Egress families a stream captures whole (`egress_acks`).
     let mut captured = Vec::new();
     // The consumer's own, which may differ from the config's; the larger,
@@ -146,7 +147,7 @@ pub async fn run(
     // it waits for an acknowledgement.
     let mut ack_wait = Duration::from_secs(jetstream.ack_wait_seconds);
     let intake = if jetstream.enabled {
-        match open_jetstream(&client, jetstream, &subjects, stopped()).await? {
+        match open_jetstream(&client, jetstream, &subjects, capacity, stopped()).await? {
             Some((messages, families)) => {
                 captured = families;
                 max_ack_pending = max_ack_pending.max(messages.max_ack_pending);
@@ -234,7 +235,8 @@ pub async fn run(
                     let reopen = async || {
                         readiness.unsubscribed();
                         let open = async || {
-                            ingest::jetstream::consumer(&client, jetstream, &subjects).await
+                            ingest::jetstream::consumer(&client, jetstream, &subjects, capacity)
+                                .await
                         };
                         let pull = retrying(open, stopped()).await?;
                         if pull.is_some() {
@@ -464,10 +466,11 @@ async fn open_jetstream(
     client: &async_nats::Client,
     config: &crate::config::JetStreamConfig,
     subjects: &crate::subject::Subjects,
+    capacity: usize,
     stopped: impl std::future::Future<Output = ()>,
 ) -> Result<Option<(ingest::jetstream::Pull, Vec<String>)>, AppError> {
     let open = async || {
-        let messages = ingest::jetstream::consumer(client, config, subjects).await?;
+        let messages = ingest::jetstream::consumer(client, config, subjects, capacity).await?;
         // Retried as the rest of the set-up: a server still recovering
         // its streams may not answer yet, and going on without the list
         // would flush every copy, not have it answered, until a restart. A

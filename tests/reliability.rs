@@ -438,6 +438,31 @@ async fn egress_acks_acknowledge_only_what_the_stream_answered() {
     assert!(logs.contains("no answer from a stream"), "{logs}");
 }
 
+/// A pull asks for no more than `nats.subscription_capacity` can hold: with
+/// a small one (16 here) and a backlog waiting in the stream, nothing
+/// overflows the subscription (the client would drop it as a slow
+/// consumer, counted as lost, and the server deliver it again after
+/// `ack_wait`, out of order). async-nats's batch of 200 did.
+#[tokio::test]
+async fn a_small_subscription_capacity_bounds_the_pull_batch() {
+    const N: usize = 2000;
+    let nats = NatsServer::start_jetstream();
+    let (_client, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    ingest_stream(&js).await;
+    // All waiting before loopguard pulls: the server sends each batch at once.
+    publish_messages(&js, 0..N).await;
+    let config = format!("[nats]\nsubscription_capacity = 16\n{JS_CONFIG}");
+    let lg = Loopguard::spawn(&nats.url(), &config);
+    until_stream_holds(&js, "EGRESS", N as u64, &lg).await;
+    until_ingest_acknowledged(&js, &lg).await;
+    let addr = lg.http_addr().await;
+    let scrape = support::Scrape::take(&addr).await;
+    let dropped = scrape.get("loopguard_dropped_total", &[("reason", "slow_consumer")]);
+    assert_eq!(dropped, 0.0, "{}", lg.logs());
+    assert_eq!(ingest_consumer(&js).await.num_redelivered, 0);
+}
+
 /// The decisions loopguard holds for redeliveries keep the newest once
 /// full (twice `max_ack_pending`): moka's default policy admitted a new
 /// entry only if asked for more often than the one it would evict, so past

@@ -300,6 +300,7 @@ pub async fn consumer(
     client: &async_nats::Client,
     config: &JetStreamConfig,
     subjects: &Subjects,
+    subscription_capacity: usize,
 ) -> Result<Pull, JetStreamError> {
     let unavailable = |e: &dyn std::fmt::Display| JetStreamError::Unavailable(e.to_string());
     let js = jetstream::new(client.clone());
@@ -391,7 +392,23 @@ pub async fn consumer(
         );
     }
     tracing::info!(stream = %config.stream, consumer = %config.consumer, "JetStream consumer ready");
-    let messages = consumer.messages().await.map_err(|e| unavailable(&e))?;
+    // Each pull asks for a batch, and for the next one when half of it is
+    // left, so up to one and a half batches are on their way into the
+    // subscription: kept within `nats.subscription_capacity`, where the
+    // client would drop what overflows (a slow consumer, counted as lost,
+    // and redelivered out of order after `ack_wait`).
+    let batch = (subscription_capacity / 2).clamp(1, PULL_BATCH);
+    let batch = match usize::try_from(held.max_batch) {
+        Ok(max) if max > 0 => batch.min(max),
+        _ => batch,
+    };
+    let messages = consumer
+        .stream()
+        .max_messages_per_batch(batch)
+        .heartbeat(PULL_HEARTBEAT)
+        .messages()
+        .await
+        .map_err(|e| unavailable(&e))?;
     Ok(Pull {
         messages,
         created: info.created,
@@ -763,6 +780,14 @@ async fn hand_back(mut messages: pull::Stream) -> Option<tokio::time::Instant> {
     );
     Some(started)
 }
+
+/// Messages a pull asks for at a time: async-nats's default, unless
+/// `nats.subscription_capacity` is too small for it.
+const PULL_BATCH: usize = 200;
+
+/// How often the server says an open pull is alive (async-nats's default
+/// for `messages()`): two missed, and the pull counts as lost.
+const PULL_HEARTBEAT: Duration = Duration::from_secs(15);
 
 /// How long the server waits before delivering a handed-back message
 /// again. Long enough for the dropped pull's unsubscription to reach it
