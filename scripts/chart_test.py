@@ -293,6 +293,11 @@ def main():
         p = helm("template", "lg", copy, "--set", "prometheusRule.enabled=true", expect_ok=False)
         if p.returncode == 0 or "files/alerts.yml is missing" not in p.stderr:
             fail(f"a chart without its alerts file rendered, or failed without saying why: {p.stderr}")
+        # Without the shared alerts the file is not needed.
+        p = helm("template", "lg", copy, "--set", "prometheusRule.enabled=true,prometheusRule.sharedAlerts=false,serviceMonitor.enabled=true",
+                 expect_ok=False)
+        if p.returncode != 0:
+            fail(f"a chart without its alerts file failed to render the release's own alert alone: {p.stderr}")
     ok("LoopguardReleaseAbsent fires for this release alone, only with a ServiceMonitor and a replica; "
        "sharedAlerts and replicaCount=0 leave alerts.yml out; a lost alerts file fails the render")
     monitor = by_kind(rendered["full"][1], "ServiceMonitor")

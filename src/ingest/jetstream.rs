@@ -734,8 +734,8 @@ pub async fn run<E: From<JetStreamError>>(
 /// not get. With more than one runtime thread, taking the held messages can
 /// let the pull ask for a batch before it is dropped, which the server may
 /// send to the dropped pull: that batch too comes back after `ack_wait`.
-/// Returns when the naks began, if there were any: the reopen waits until
-/// they are due.
+/// Returns when the naks were handed to the client, if there were any:
+/// the reopen waits until they are due.
 async fn hand_back(mut messages: pull::Stream) -> Option<tokio::time::Instant> {
     let (mut held, mut errors) = (Vec::new(), 0);
     loop {
@@ -753,7 +753,6 @@ async fn hand_back(mut messages: pull::Stream) -> Option<tokio::time::Instant> {
     if held.is_empty() {
         return None;
     }
-    let started = tokio::time::Instant::now();
     let mut handed_back = 0usize;
     // Bounded (by the same second, short against the grace period): with
     // the connection gone the client's queue can fill, and a shutdown or a
@@ -778,7 +777,9 @@ async fn hand_back(mut messages: pull::Stream) -> Option<tokio::time::Instant> {
         held = held.len(),
         "messages pulled but not given to a worker handed back for redelivery"
     );
-    Some(started)
+    // The last nak is due a second after the server gets it: counted from
+    // here, after the last was queued (which may take up to that second).
+    Some(tokio::time::Instant::now())
 }
 
 /// Messages a pull asks for at a time: async-nats's default, unless
@@ -797,7 +798,8 @@ const PULL_HEARTBEAT: Duration = Duration::from_secs(15);
 pub(super) const HAND_BACK_DELAY: Duration = Duration::from_secs(1);
 
 /// How long past [`HAND_BACK_DELAY`] a reopened pull waits, for the naks'
-/// way to the server (sent after the time `hand_back` returns).
+/// way to the server (queued by the time `hand_back` returns, sent by the
+/// client's connection after it).
 const HAND_BACK_MARGIN: Duration = Duration::from_millis(250);
 
 /// Errors [`hand_back`] reads past while taking what the pull holds.
