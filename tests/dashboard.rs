@@ -106,7 +106,7 @@ fn alert_exprs(yaml: &str) -> Vec<String> {
 fn alert_expressions_query_only_exported_metrics() {
     let known = exported();
     let exprs = alert_exprs(&read("config/prometheus/alerts.yml"));
-    assert_eq!(exprs.len(), 10, "{exprs:#?}");
+    assert_eq!(exprs.len(), 11, "{exprs:#?}");
     for expr in &exprs {
         assert!(!expr.is_empty(), "{exprs:#?}");
         for name in metric_names(expr) {
