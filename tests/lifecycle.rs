@@ -328,39 +328,7 @@ async fn the_grace_period_bounds_a_drain_that_cannot_finish() {
 /// decided and published. loopguard exits 0.
 #[tokio::test]
 async fn when_the_grace_period_runs_out_the_undecided_messages_are_counted_as_dropped() {
-    use futures::StreamExt;
-    const HELD: usize = loopguard::ingest::MAX_PARKED;
-    const OTHERS: usize = 20;
-    let mut h = Harness::start(
-        "[shutdown]\ngrace_seconds = 1\n[rules.policy]\nsubject = \"policy.mute\"\ntimeout_ms = 10000\n",
-    )
-    .await;
-    // A service that takes the question and never answers.
-    let mut questions = within("subscribe", h.client.subscribe("policy.mute"))
-        .await
-        .unwrap();
-    within("flush", h.client.flush()).await.unwrap();
-    h.send_json("w", "agent", "a1", support::msg("waits for the policy"))
-        .await;
-    within("the policy question", questions.next())
-        .await
-        .expect("a policy question");
-    // Held back behind it, as many as a worker holds: it then takes nothing
-    // new, so other worlds' messages queue behind them on that worker (on
-    // the other, they are decided at once). Flushed, so the server has sent
-    // them all to loopguard before its drain unsubscribes.
-    for i in 0..HELD {
-        h.send_json("w", "human", "h1", support::msg(&format!("held {i}")))
-            .await;
-    }
-    for i in 0..OTHERS {
-        h.send_json(&format!("o{i}"), "human", "h1", support::msg("queued"))
-            .await;
-    }
-    within("flush", h.client.flush()).await.unwrap();
-    let status = h.loopguard.terminate().await;
-    let logs = h.loopguard.logs();
-    assert_eq!(status.code(), Some(0), "{logs}");
+    let (mut h, _questions, logs) = undecided_at_grace_over("human").await;
     let line = logs
         .lines()
         .find(|l| l.contains("left undecided when the grace period ran out"))
@@ -393,39 +361,14 @@ async fn when_the_grace_period_runs_out_the_undecided_messages_are_counted_as_dr
 /// the service saw their questions).
 #[tokio::test]
 async fn after_the_grace_period_a_core_message_not_yet_asked_about_is_decided_by_the_fail_mode() {
-    use futures::StreamExt;
-    const HELD: usize = loopguard::ingest::MAX_PARKED;
-    const OTHERS: usize = 20;
-    let mut h = Harness::start(
-        "[shutdown]\ngrace_seconds = 1\n[rules.policy]\nsubject = \"policy.mute\"\ntimeout_ms = 10000\nfail = \"open\"\n",
-    )
-    .await;
-    let mut questions = within("subscribe", h.client.subscribe("policy.mute"))
-        .await
-        .unwrap();
-    within("flush", h.client.flush()).await.unwrap();
-    h.send_json("w", "agent", "a1", support::msg("waits for the policy"))
-        .await;
-    within("the policy question", questions.next())
-        .await
-        .expect("a policy question");
-    for i in 0..HELD {
-        h.send_json("w", "human", "h1", support::msg(&format!("held {i}")))
-            .await;
-    }
-    for i in 0..OTHERS {
-        h.send_json(&format!("o{i}"), "agent", "a1", support::msg("queued"))
-            .await;
-    }
-    within("flush", h.client.flush()).await.unwrap();
-    let status = h.loopguard.terminate().await;
-    let logs = h.loopguard.logs();
-    assert_eq!(status.code(), Some(0), "{logs}");
+    let (mut h, mut questions, logs) = undecided_at_grace_over("agent").await;
     // The questions the service got: all sent before loopguard exited, so
     // all here once a flush has come back.
     within("flush", h.client.flush()).await.unwrap();
     let mut asked = std::collections::BTreeSet::new();
-    while let Some(Some(q)) = futures::FutureExt::now_or_never(questions.next()) {
+    while let Some(Some(q)) =
+        futures::FutureExt::now_or_never(futures::StreamExt::next(&mut questions))
+    {
         let body: serde_json::Value = serde_json::from_slice(&q.payload).unwrap();
         asked.insert(format!("chat.public.{}", body["world"].as_str().unwrap()));
     }
@@ -459,6 +402,50 @@ async fn after_the_grace_period_a_core_message_not_yet_asked_about_is_decided_by
         }
     })
     .await;
+}
+
+/// Messages held back past a worker's bounds: messages of [`OTHERS`]
+/// other worlds queue behind them, and the grace period (1 s) runs out
+/// with all of it undecided.
+const HELD: usize = loopguard::ingest::MAX_PARKED;
+const OTHERS: usize = 20;
+
+/// Starts loopguard with a policy service (`fail = "open"`) that takes
+/// questions and never answers; sends world `w` an agent's message, which
+/// asks and waits, then [`HELD`] humans' messages held back behind it (its
+/// worker then takes nothing new), then one message from a sender of
+/// `others_kind` to each of [`OTHERS`] other worlds; all flushed, so the
+/// server has sent them before loopguard's drain unsubscribes. Then
+/// SIGTERM: returns the harness, the service's subscription (past the
+/// first question) and the log, once loopguard exited 0.
+async fn undecided_at_grace_over(others_kind: &str) -> (Harness, async_nats::Subscriber, String) {
+    use futures::StreamExt;
+    let mut h = Harness::start(
+        "[shutdown]\ngrace_seconds = 1\n[rules.policy]\nsubject = \"policy.mute\"\ntimeout_ms = 10000\nfail = \"open\"\n",
+    )
+    .await;
+    let mut questions = within("subscribe", h.client.subscribe("policy.mute"))
+        .await
+        .unwrap();
+    within("flush", h.client.flush()).await.unwrap();
+    h.send_json("w", "agent", "a1", support::msg("waits for the policy"))
+        .await;
+    within("the policy question", questions.next())
+        .await
+        .expect("a policy question");
+    for i in 0..HELD {
+        h.send_json("w", "human", "h1", support::msg(&format!("held {i}")))
+            .await;
+    }
+    for i in 0..OTHERS {
+        h.send_json(&format!("o{i}"), others_kind, "s1", support::msg("queued"))
+            .await;
+    }
+    within("flush", h.client.flush()).await.unwrap();
+    let status = h.loopguard.terminate().await;
+    let logs = h.loopguard.logs();
+    assert_eq!(status.code(), Some(0), "{logs}");
+    (h, questions, logs)
 }
 
 /// A second signal during the drain ends it at once, exit 1: the grace
