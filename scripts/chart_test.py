@@ -319,6 +319,9 @@ def main():
                 fail(f"{name}: Deployment lacks label {key}")
         if c["livenessProbe"]["httpGet"]["path"] != "/healthz" or c["readinessProbe"]["httpGet"]["path"] != "/readyz":
             fail(f"{name}: probes are not /healthz and /readyz")
+        for probe in ["livenessProbe", "readinessProbe"]:
+            if c[probe].get("timeoutSeconds", 1) < 3:
+                fail(f"{name}: {probe} times out before 3 s: {c[probe]}")
         sc = c["securityContext"]
         if not (sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]):
             fail(f"{name}: container securityContext is not restricted: {sc}")

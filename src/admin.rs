@@ -436,7 +436,7 @@ fn world_view(admin: &Admin, raw: &str) -> Reply {
     let now = admin.clock.now();
     let (window, hot) = conversation_limits(admin);
     let show = |w: &state::WorldState| w.view(&world, now, w.conversation(now, window, hot));
-    let view = match admin.judge.worlds().get(&world) {
+    let view = match admin.judge.worlds().get(&world, now) {
         Some(handle) => show(&state::lock(&handle)),
         None => {
             // A world the config lists has its agents before its first
@@ -488,7 +488,7 @@ fn context(admin: &Admin, world: &str, agent: &str, query: Option<&str>) -> Repl
             )
         }
     };
-    let Some(handle) = admin.judge.worlds().get(&world) else {
+    let Some(handle) = admin.judge.worlds().get(&world, admin.clock.now()) else {
         return json_error(
             StatusCode::NOT_FOUND,
             format!("no state held for world {world}"),
@@ -521,10 +521,12 @@ fn unauthorised(admin: &Admin, req: &Request<Incoming>) -> Option<Reply> {
             "the admin API is disabled: set http.admin_token".into(),
         ));
     }
-    // The scheme's name is case-insensitive (RFC 9110, 11.1).
+    // The scheme's name is case-insensitive, and one or more spaces
+    // follow it (RFC 9110, 11.4).
     let presented = req.headers().get(AUTHORIZATION).and_then(|v| {
-        let v = v.as_bytes();
-        (v.len() > 7 && v[..7].eq_ignore_ascii_case(b"Bearer ")).then(|| &v[7..])
+        let (scheme, rest) = v.as_bytes().split_at_checked(6)?;
+        (scheme.eq_ignore_ascii_case(b"Bearer") && rest.starts_with(b" "))
+            .then(|| rest.trim_ascii_start())
     });
     if presented.is_some_and(|t| constant_time_eq(t, admin.admin_token.as_bytes())) {
         return None;
@@ -546,7 +548,7 @@ fn reset(admin: &Admin, req: &Request<Incoming>, raw: &str) -> Reply {
         Ok(w) => w,
         Err(e) => return bad_world(e),
     };
-    if let Some(handle) = admin.judge.worlds().get(&world) {
+    if let Some(handle) = admin.judge.worlds().get(&world, admin.clock.now()) {
         state::lock(&handle).reset();
     }
     tracing::info!(world = %world, "world reset through the admin API");

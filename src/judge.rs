@@ -518,7 +518,7 @@ impl Judge {
             }
             if let Some(name) = &d.world {
                 self.worlds.weigh(name, &world, &w);
-                self.worlds.keep(name, &world);
+                self.worlds.keep(name, &world, self.clock.now());
             }
         }
         // Back in the cache: `get` finds it there now.
@@ -1556,13 +1556,13 @@ mod tests {
             c.rules.policy.subject = "policy.check".into();
         });
         let world = Name::parse("w").unwrap();
-        let turns = || state::lock(&rig.judge.worlds().get(&world).unwrap()).turns;
+        let turns = || state::lock(&rig.judge.worlds().get(&world, rig.clock.now()).unwrap()).turns;
         let mut last = None;
         for (i, reset) in [false, false, true].into_iter().enumerate() {
             let mut d = rig.send("agent", "alice", &format!("point {i}"));
             let check = d.policy.take().expect("asks the policy hook");
             if reset {
-                state::lock(&rig.judge.worlds().get(&world).unwrap()).reset();
+                state::lock(&rig.judge.worlds().get(&world, rig.clock.now()).unwrap()).reset();
             }
             let d = rig.judge.finish(d, check, PolicyOutcome::Approve);
             assert_eq!(d.outcome, Outcome::Approved);
@@ -1595,11 +1595,14 @@ mod tests {
         assert!(d.reason.contains("64 earlier messages"), "{}", d.reason);
         assert_eq!(event(&d)["rule"], "policy");
         assert_eq!(d.outbound.len(), 1, "the event only");
-        assert!(rig.judge.worlds().get(&w).is_none(), "no world was made");
+        assert!(
+            rig.judge.worlds().get(&w, rig.clock.now()).is_none(),
+            "no world was made"
+        );
 
         let d = shed(b"\xff\xfe").expect("shed");
         assert_eq!(d.rule, Some(RuleName::Invalid));
-        assert!(rig.judge.worlds().get(&w).is_none());
+        assert!(rig.judge.worlds().get(&w, rig.clock.now()).is_none());
         assert!(
             shed(b"<world>pass</world>").is_none(),
             "a pass is held back"
@@ -1650,12 +1653,20 @@ mod tests {
             let other_check = other.policy.take().unwrap();
             assert_eq!(rig.judge.worlds().len(), 1);
             assert_eq!(held(), std::slice::from_ref(&x), "w was evicted");
-            let found = rig.judge.worlds().get(&w).expect("found while it waits");
+            let found = rig
+                .judge
+                .worlds()
+                .get(&w, rig.clock.now())
+                .expect("found while it waits");
             assert_eq!(state::lock(&found).turns, 2);
             state::lock(&found).reset();
             let d = rig.judge.finish(d, check, PolicyOutcome::Approve);
             assert_eq!(d.turn, 1, "the reset's 0, and this message's turn");
-            let back = rig.judge.worlds().get(&w).expect("back in the cache");
+            let back = rig
+                .judge
+                .worlds()
+                .get(&w, rig.clock.now())
+                .expect("back in the cache");
             assert_eq!(state::lock(&back).turns, 1);
             rig.judge.finish(other, other_check, PolicyOutcome::Approve);
         }
@@ -1664,6 +1675,9 @@ mod tests {
         let kept = held();
         assert_eq!(kept.len(), 1);
         let gone = if kept[0] == w { &x } else { &w };
-        assert!(rig.judge.worlds().get(gone).is_none(), "{gone} still found");
+        assert!(
+            rig.judge.worlds().get(gone, rig.clock.now()).is_none(),
+            "{gone} still found"
+        );
     }
 }

@@ -279,13 +279,13 @@ impl Metrics {
             .expect("each metric is registered once");
         let reloads_vec = counter_vec(
             "loopguard_config_reloads_total",
-            "Configuration reloads (SIGHUP), by result: success, or failure (the old configuration stays).",
+            "Configuration reloads (SIGHUP, or a change to the watched file), by result: success, or failure (the old configuration stays).",
             &["result"],
         );
         let reloads = ["success", "failure"].map(|r| reloads_vec.with_label_values(&[r]));
         let ready = IntGauge::new(
             "loopguard_ready",
-            "1 while connected to NATS, subscribed and not draining (what /readyz answers).",
+            "1 while connected to NATS, subscribed, refused nothing by the server's permissions and not draining (what /readyz answers).",
         )
         .expect("static gauge");
         for c in [

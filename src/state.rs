@@ -1170,12 +1170,18 @@ pub struct Approved<'a> {
     pub takes_turn: bool,
 }
 
-/// One world in the cache: its state, and the weight the cache last took
-/// for it (read by the cache's weigher, which must not take the lock).
+/// One world in the cache: its state, the weight the cache last took for it
+/// (read by the cache's weigher, which must not take the lock), and when a
+/// message last used it.
 #[derive(Debug)]
 pub struct World {
     state: Mutex<WorldState>,
     weight: AtomicU32,
+    /// Whole seconds after the cache was made (see [`Worlds::second`]).
+    /// The cache's own idle clock counts every lookup, the admin API's
+    /// too: this one counts messages alone. It fills the padding after
+    /// `weight`, so a world weighs no more for it.
+    used: AtomicU32,
 }
 
 /// Shared handle to one world.
@@ -1338,12 +1344,48 @@ impl Worlds {
         now: Instant,
     ) -> WorldHandle {
         self.upkeep.lookups.fetch_add(1, Ordering::Relaxed);
-        self.cache.get_with_by_ref(world, || {
+        let second = self.second(now);
+        let handle = self.cache.get_with_by_ref(world, || {
             Arc::new(World {
                 state: Mutex::new(WorldState::new(settings.clone(), self.idle, now)),
                 weight: AtomicU32::new(self.least_weight),
+                used: AtomicU32::new(second),
             })
-        })
+        });
+        let used = handle.used.load(Ordering::Relaxed);
+        if used != second {
+            handle.used.store(second, Ordering::Relaxed);
+            if self.idle_between(used, second) {
+                // Kept past `state.idle_seconds` by lookups that were no
+                // message (the admin API's): forgotten now, as the cache
+                // would have forgotten it. Put back after `used` is
+                // stored, in case the admin API took it out meanwhile
+                // (`get`, which then sees it in use).
+                *lock(&handle) = WorldState::new(settings.clone(), self.idle, now);
+                self.cache.insert(world.clone(), handle.clone());
+            }
+        }
+        handle
+    }
+
+    /// `now` as whole seconds after the cache was made: the time a
+    /// [`World`] keeps of its last message.
+    fn second(&self, now: Instant) -> u32 {
+        let since = now.saturating_duration_since(self.upkeep.start);
+        u32::try_from(since.as_secs()).unwrap_or(u32::MAX)
+    }
+
+    /// Whether a world last used at second `used` has been idle longer
+    /// than `state.idle_seconds` at second `now`. In whole seconds it can
+    /// only be late: a world the cache would still hold never counts.
+    fn idle_between(&self, used: u32, now: u32) -> bool {
+        u64::from(now.saturating_sub(used)) > self.idle.as_secs()
+    }
+
+    /// Whether `world` has had no message for longer than
+    /// `state.idle_seconds` at `now` (see [`World::used`]).
+    fn forgotten(&self, world: &World, now: Instant) -> bool {
+        self.idle_between(world.used.load(Ordering::Relaxed), self.second(now))
     }
 
     /// Tells the cache what `world` holds now: `state` (its locked state),
@@ -1374,8 +1416,10 @@ impl Worlds {
     /// Puts `world` back in the cache if it was evicted while in use: after
     /// a message of it waited for the policy service, during which nothing
     /// else of the world was decided (so no newer state of it exists), and
-    /// its commit would otherwise be lost with it.
-    pub fn keep(&self, name: &Name, world: &WorldHandle) {
+    /// its commit would otherwise be lost with it. The answer, at `now`,
+    /// counts as use.
+    pub fn keep(&self, name: &Name, world: &WorldHandle, now: Instant) {
+        world.used.store(self.second(now), Ordering::Relaxed);
         if !self.cache.contains_key(name) {
             self.cache.insert(name.clone(), world.clone());
         }
@@ -1389,14 +1433,37 @@ impl Worlds {
     }
 
     /// The world's state if it is held, or if a message of it waits for
-    /// the policy service.
-    pub fn get(&self, world: &Name) -> Option<WorldHandle> {
+    /// the policy service; for the admin API, at `now`.
+    ///
+    /// Moka has no lookup that leaves its idle clock alone, so this one
+    /// restarts it. A world with no message for `state.idle_seconds`
+    /// (by [`World::used`]) is not found, then, and is taken out of the
+    /// cache: a dashboard that polls a world does not keep it, its pause
+    /// included, past the time the cache would have forgotten it.
+    pub fn get(&self, world: &Name, now: Instant) -> Option<WorldHandle> {
         // The waiting first: an answer puts its world back in the cache
         // before it lets go of it here, so one missed here is in the cache.
         let waiting = lock_waiting(&self.waiting)
             .get(world)
             .map(|(h, _)| h.clone());
-        waiting.or_else(|| self.cache.get(world))
+        if waiting.is_some() {
+            return waiting;
+        }
+        let handle = self.cache.get(world)?;
+        if !self.forgotten(&handle, now) {
+            return Some(handle);
+        }
+        // Out only if it is still that world, still unused: a message
+        // that took it meanwhile stored its use first.
+        self.cache
+            .entry_by_ref(world)
+            .and_compute_with(|entry| match entry {
+                Some(e) if Arc::ptr_eq(e.value(), &handle) && self.forgotten(&handle, now) => {
+                    moka::ops::compute::Op::Remove
+                }
+                _ => moka::ops::compute::Op::Nop,
+            });
+        None
     }
 
     /// Marks `world` as waiting for the policy service until the returned
@@ -1956,10 +2023,51 @@ mod tests {
         for i in 0..50 {
             let w = name(&format!("w{i}"));
             lock(&worlds.get_or_create(&w, &settings.default_world, now)).turns = 7;
-            assert!(worlds.get(&w).is_some(), "w{i} admitted");
+            assert!(worlds.get(&w, now).is_some(), "w{i} admitted");
         }
         assert_eq!(worlds.len(), 3);
-        assert!(worlds.get(&name("w0")).is_none());
+        assert!(worlds.get(&name("w0"), now).is_none());
+    }
+
+    #[test]
+    fn looking_at_a_world_does_not_keep_it_past_its_idle_time() {
+        let mut config = crate::config::Config::default();
+        config.state.idle_seconds = 60;
+        let settings = config.validate().unwrap();
+        let worlds = Worlds::new(&settings);
+        let start = Instant::now();
+        let w = name("lobby");
+        let paused = || {
+            let handle = worlds.get_or_create(&w, &settings.default_world, start);
+            let mut state = lock(&handle);
+            state.turns = 20;
+            state.paused = true;
+        };
+        paused();
+        // The admin API looks (on the cache's own clock each look would
+        // restart the idle time); no message comes.
+        for at in [30, 60] {
+            let seen = worlds.get(&w, start + Duration::from_secs(at));
+            assert!(seen.is_some_and(|h| lock(&h).paused), "held at {at} s");
+        }
+        // 61 s after its last message: not found, and out of the cache.
+        assert!(worlds.get(&w, start + Duration::from_secs(61)).is_none());
+        assert_eq!(worlds.len(), 0);
+        // A world still in the cache past its idle time (the cache's
+        // clock is the real one, the test's is 200 s ahead) is forgotten
+        // at its next message instead.
+        paused();
+        let later = start + Duration::from_secs(200);
+        let handle = worlds.get_or_create(&w, &settings.default_world, later);
+        let state = lock(&handle);
+        assert_eq!((state.turns, state.paused), (0, false), "starts as new");
+        drop(state);
+        // And a message counts as use: the world is found 60 s after it.
+        let at = later + Duration::from_secs(60);
+        assert!(worlds.get(&w, at).is_some());
+        // as does a policy answer applied to it (`keep`).
+        worlds.keep(&w, &handle, at + Duration::from_secs(30));
+        assert!(worlds.get(&w, at + Duration::from_secs(89)).is_some());
     }
 
     #[test]
@@ -1973,15 +2081,17 @@ mod tests {
         lock(&waiting).turns = 3;
         let other = worlds.get_or_create(&name("other"), &settings.default_world, now);
         assert_eq!(worlds.len(), 1);
-        assert!(worlds.get(&name("waiting")).is_none(), "evicted");
-        worlds.keep(&name("waiting"), &waiting);
-        let held = worlds.get(&name("waiting")).expect("back in the cache");
+        assert!(worlds.get(&name("waiting"), now).is_none(), "evicted");
+        worlds.keep(&name("waiting"), &waiting, now);
+        let held = worlds
+            .get(&name("waiting"), now)
+            .expect("back in the cache");
         assert!(Arc::ptr_eq(&held, &waiting));
         assert_eq!(lock(&held).turns, 3);
         // A world held is left as it is.
-        worlds.keep(&name("waiting"), &other);
+        worlds.keep(&name("waiting"), &other, now);
         assert!(Arc::ptr_eq(
-            &worlds.get(&name("waiting")).unwrap(),
+            &worlds.get(&name("waiting"), now).unwrap(),
             &waiting
         ));
     }
@@ -2091,10 +2201,10 @@ mod tests {
         assert!(worlds.bytes() <= MIN_STATE_BYTES, "{}", worlds.bytes());
         let last = 3 * fit as usize - 1;
         assert!(
-            worlds.get(&name(&format!("w{last}"))).is_some(),
+            worlds.get(&name(&format!("w{last}")), now).is_some(),
             "the latest stays"
         );
-        assert!(worlds.get(&name("w0")).is_none(), "the oldest went");
+        assert!(worlds.get(&name("w0"), now).is_none(), "the oldest went");
     }
 
     #[test]
@@ -2124,7 +2234,7 @@ mod tests {
         for i in 0..100 {
             worlds.get_or_create(&name(&format!("w{i}")), &settings.default_world, now);
         }
-        assert!(worlds.get(&heavy).is_some(), "kept, with its state");
+        assert!(worlds.get(&heavy, now).is_some(), "kept, with its state");
         assert!(worlds.bytes() <= MIN_STATE_BYTES);
         assert_eq!(worlds.len(), 101);
     }

@@ -428,14 +428,16 @@ async fn world_view_and_reset_with_their_status_codes() {
             .0,
         204
     );
-    // The scheme's name in any case (RFC 9110, 11.1).
-    let lower = format!("bearer {TOKEN}");
-    assert_eq!(
-        http(&addr, "POST", path, &[("Authorization", &lower)])
-            .await
-            .0,
-        204
-    );
+    // The scheme's name in any case, and one or more spaces after it
+    // (RFC 9110, 11.4); none is no bearer token.
+    for (header, status) in [
+        (format!("bearer {TOKEN}"), 204),
+        (format!("Bearer   {TOKEN}"), 204),
+        (format!("Bearer{TOKEN}"), 401),
+    ] {
+        let got = http(&addr, "POST", path, &[("Authorization", &header)]).await;
+        assert_eq!(got.0, status, "{header}");
+    }
 
     let (_, body) = http(&addr, "GET", "/v1/worlds/w", &[]).await;
     let view: serde_json::Value = serde_json::from_str(&body).unwrap();
