@@ -9,7 +9,8 @@
 //! an inline mention as any text may (`@bob.` is one, as `ask @bob.` is).
 //!
 //! An *inline* (mid-paragraph) mention is `@name` anywhere else, where the `@`
-//! does not sit inside a word (`a@b.com` is no mention).
+//! does not sit inside a word (`a@b.com` is no mention) and the name is the
+//! whole word (`@josé` does not mention `jos`, `@bob@host` not `bob`).
 //!
 //! This module only finds name-shaped tokens; routing decides which of them
 //! are roster agents.
@@ -110,7 +111,10 @@ fn inline_mentions<'a>(p: &'a str, span: std::ops::Range<usize>, out: &mut Vec<&
         let inside_word =
             at > 0 && (is_name_byte(b[at - 1]) || b[at - 1] == b'@' || b[at - 1] >= 0x80);
         let end = skip(b, at + 1, is_name_byte);
-        if !inside_word && is_name(&p[at + 1..end]) {
+        // Non-ASCII or a second `@` right after: the word goes on past
+        // the name (`@josé`, `@bob@host`), so it is not the name.
+        let word_goes_on = end < b.len() && (b[end] == b'@' || b[end] >= 0x80);
+        if !inside_word && !word_goes_on && is_name(&p[at + 1..end]) {
             out.push(&p[at + 1..end]);
         }
         i = end.max(at + 1);
@@ -201,6 +205,21 @@ mod tests {
         assert_eq!(inline_of("thanks (@carol) and @@dave"), ["carol"]);
         assert_eq!(inline_of("ü@x"), Vec::<&str>::new());
         assert_eq!(inline_of("say @ nothing"), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn an_inline_mention_is_the_whole_word() {
+        let none = Vec::<&str>::new();
+        assert_eq!(inline_of("ask @josé or @bob\u{301} now"), none);
+        assert_eq!(inline_of("write to @bob@example.com"), none);
+        assert_eq!(inline_of("ask @bob\u{200b} hi"), none);
+        // At a paragraph's start too, where the token is plain text.
+        assert_eq!(scan("@josé hi").inline, none);
+        // ASCII punctuation ends the word: still a mention.
+        assert_eq!(
+            inline_of("ask @bob's friend, @carol! or (@dave)"),
+            ["bob", "carol", "dave"]
+        );
     }
 
     #[test]
