@@ -11,16 +11,58 @@
 //! `DECISION_WORLDS=100000` spreads the workload over that many worlds (the
 //! relay benchmark's count) instead of 10,000: each world's state is then
 //! out of the CPU caches by its next message, as in the relay.
+//!
+//! The rules read a [`Workload`] clock that moves on by [`STEP`] at each
+//! decision, as if the messages came at 20,000 a second (the relay
+//! benchmark's latency rate), not at the bench's own pace: at that, an
+//! agent would speak again within its 1 s cooldown and most decisions
+//! would be cheap rejections. Each benchmark prints the share of its own
+//! timed decisions that were approved.
 
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime};
 
-use criterion::{criterion_group, criterion_main, Criterion};
-use loopguard::clock::SystemClock;
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use loopguard::clock::{Clock, SystemClock};
 use loopguard::config::Config;
 use loopguard::envelope::FallbackId;
 use loopguard::judge::Judge;
 use loopguard::metrics::{Metrics, Outcome};
+
+/// Time between two messages of the workload: 20,000 a second.
+const STEP: Duration = Duration::from_micros(50);
+
+/// The workload's clock: [`STEP`] further at each [`Workload::tick`].
+struct Workload {
+    start: Instant,
+    ticks: AtomicU64,
+}
+
+impl Workload {
+    fn new() -> Arc<Workload> {
+        Arc::new(Workload {
+            start: Instant::now(),
+            ticks: AtomicU64::new(0),
+        })
+    }
+
+    /// The next message comes.
+    fn tick(&self) {
+        self.ticks.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Clock for Workload {
+    fn now(&self) -> Instant {
+        self.start + STEP * self.ticks.load(Ordering::Relaxed) as u32
+    }
+
+    fn wall(&self) -> SystemTime {
+        SystemTime::now()
+    }
+}
 
 /// Worlds the workload is spread over (`DECISION_WORLDS`, else 10,000).
 fn worlds() -> usize {
@@ -35,8 +77,8 @@ fn worlds() -> usize {
 /// duplicate, cooldown, rate), limits the workload stays under; with
 /// `optional`, loopguard's own rules on too (alternation, similar,
 /// low_content, budget, concluded), set so they seldom reject.
-fn new_judge(events: bool, optional: bool) -> Judge {
-    judge(config(events, optional))
+fn new_judge(events: bool, optional: bool, clock: Arc<dyn Clock>) -> Judge {
+    judge(config(events, optional), clock)
 }
 
 fn config(events: bool, optional: bool) -> Config {
@@ -58,12 +100,8 @@ fn config(events: bool, optional: bool) -> Config {
     c
 }
 
-fn judge(c: Config) -> Judge {
-    Judge::new(
-        Arc::new(c.validate().unwrap()),
-        Arc::new(SystemClock),
-        Metrics::new(),
-    )
+fn judge(c: Config, clock: Arc<dyn Clock>) -> Judge {
+    Judge::new(Arc::new(c.validate().unwrap()), clock, Metrics::new())
 }
 
 /// Agent and human messages over many worlds, contents unique, ~200 bytes.
@@ -73,41 +111,69 @@ fn inputs(n: usize) -> Vec<(String, Vec<u8>)> {
 
 /// The same messages, over `worlds` worlds.
 fn inputs_in(n: usize, worlds: usize) -> Vec<(String, Vec<u8>)> {
+    (0..n).map(|i| input(i, worlds)).collect()
+}
+
+/// The workload's `i`th message: the worlds in turn, each getting four
+/// agents' answers (each mentioning the next agent) and then a human's
+/// question. Its id and content hold `i`, so no two are the same.
+fn input(i: usize, worlds: usize) -> (String, Vec<u8>) {
     let filler = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore et dolore magna aliqua ut enim ad minim veniam";
-    (0..n)
-        .map(|i| {
-            let (world, k) = (i % worlds, i / worlds);
-            if k % 5 == 4 {
-                (
-                    format!("chat.raw.w{world}.human.h"),
-                    format!("{{\"id\":\"{i}\",\"content\":\"question {i}: {filler}\"}}"),
-                )
-            } else {
-                let (agent, next) = (k % 4, (k + 1) % 4);
-                (
-                    format!("chat.raw.w{world}.agent.a{agent}"),
-                    format!("{{\"id\":\"{i}\",\"content\":\"@a{next} answer {i}: {filler}\"}}"),
-                )
-            }
-        })
-        .map(|(s, p)| (s, p.into_bytes()))
-        .collect()
+    let (world, k) = (i % worlds, i / worlds);
+    let (subject, payload) = if k % 5 == 4 {
+        (
+            format!("chat.raw.w{world}.human.h"),
+            format!("{{\"id\":\"{i}\",\"content\":\"question {i}: {filler}\"}}"),
+        )
+    } else {
+        let (agent, next) = (k % 4, (k + 1) % 4);
+        (
+            format!("chat.raw.w{world}.agent.a{agent}"),
+            format!("{{\"id\":\"{i}\",\"content\":\"@a{next} answer {i}: {filler}\"}}"),
+        )
+    };
+    (subject, payload.into_bytes())
 }
 
 fn decision(c: &mut Criterion) {
     let worlds = worlds();
     for (events, optional) in [(false, false), (true, false), (true, true)] {
-        let judge = new_judge(events, optional);
-        // Forty messages a world: eight human turns.
-        let inputs = inputs(40 * worlds);
+        let clock = Workload::new();
+        let judge = new_judge(events, optional, clock.clone());
         let name = match optional {
             false => format!("decision (events.approved = {events})"),
             true => format!("decision (events.approved = {events}, optional rules on)"),
         };
+        // Each timed decision is of a new message, made (untimed) as
+        // criterion asks for it: the workload never repeats.
+        let next = Cell::new(0);
+        let approved = Cell::new(0);
+        c.bench_function(&name, |b| {
+            b.iter_batched(
+                || {
+                    next.set(next.get() + 1);
+                    input(next.get() - 1, worlds)
+                },
+                |(subject, payload)| {
+                    clock.tick();
+                    let origin = judge.subjects().parse(&subject);
+                    let d = judge.decide(origin, &payload, FallbackId::default());
+                    if d.as_ref().is_some_and(|d| d.outcome == Outcome::Approved) {
+                        approved.set(approved.get() + 1);
+                    }
+                    // Dropped inside the timing, as a worker drops it.
+                    drop(d);
+                },
+                BatchSize::SmallInput,
+            )
+        });
         // What the rules let through: a rule that rejected much would
         // make the decision look cheaper than it is.
-        print_approved(&name, new_judge(events, optional), &inputs);
-        bench_decisions(c, &name, &judge, &inputs);
+        println!(
+            "approved: {name}: {:.1}% of the {} decisions made (warm-up and measurement)",
+            approved.get() as f64 * 100.0 / next.get().max(1) as f64,
+            next.get()
+        );
     }
 
     // One busy world: its windows full (the duplicate window's 1,024
@@ -119,7 +185,7 @@ fn decision(c: &mut Criterion) {
     let busy_judge = || {
         let mut c = config(false, false);
         c.rules.cooldown.seconds = 0;
-        judge(c)
+        judge(c, Arc::new(SystemClock))
     };
     let busy = inputs_in(400_000, 1);
     let name = "decision (one busy world, full windows)";
@@ -131,7 +197,12 @@ fn decision(c: &mut Criterion) {
     // apart from the later ones (the steady state of a long-running sidecar).
     // At least five later messages a world, so human turns are among them.
     let inputs = inputs(worlds + 200_000.max(5 * worlds));
-    let times = single_decisions(&inputs, false);
+    let (times, approved) = single_decisions(&inputs, false);
+    println!(
+        "approved: single decisions: {:.1}% of {}",
+        approved as f64 * 100.0 / inputs.len() as f64,
+        inputs.len()
+    );
     let (first, later) = times.split_at(worlds);
     // How many later decisions took over 8 µs, and how many of those came
     // exactly 64 decisions after the previous one: moka applies its log of
@@ -152,7 +223,7 @@ fn decision(c: &mut Criterion) {
     // untimed, as the workers do when none has a message queued (below
     // saturation): it runs every 32 lookups here, so no decision applies
     // moka's log itself (64 lookups, or 300 ms since the last upkeep).
-    let idle = single_decisions(&inputs, true);
+    let (idle, _) = single_decisions(&inputs, true);
     for (what, times) in [
         ("first message of a world", first),
         ("later messages, all events on", later),
@@ -222,23 +293,28 @@ fn print_approved(name: &str, judge: Judge, inputs: &[(String, Vec<u8>)]) {
 }
 
 /// The time of each decision of `inputs`, in order, on a fresh judge with
-/// every event on; with `upkeep`, the world cache's upkeep runs (untimed)
-/// after each one.
-fn single_decisions(inputs: &[(String, Vec<u8>)], upkeep: bool) -> Vec<u64> {
-    let judge = new_judge(true, false);
-    inputs
+/// every event on, and how many were approved; with `upkeep`, the world
+/// cache's upkeep runs (untimed) after each one.
+fn single_decisions(inputs: &[(String, Vec<u8>)], upkeep: bool) -> (Vec<u64>, usize) {
+    let clock = Workload::new();
+    let judge = new_judge(true, false, clock.clone());
+    let mut approved = 0;
+    let times = inputs
         .iter()
         .map(|(subject, payload)| {
+            clock.tick();
             let start = Instant::now();
             let origin = judge.subjects().parse(subject);
-            std::hint::black_box(judge.decide(origin, payload, FallbackId::default()));
+            let d = std::hint::black_box(judge.decide(origin, payload, FallbackId::default()));
             let took = start.elapsed().as_nanos() as u64;
+            approved += usize::from(d.is_some_and(|d| d.outcome == Outcome::Approved));
             if upkeep {
                 judge.upkeep();
             }
             took
         })
-        .collect()
+        .collect();
+    (times, approved)
 }
 
 fn mentions(c: &mut Criterion) {
