@@ -40,6 +40,11 @@
 //! opens every world and lets each world's four agents speak, then every
 //! measured message is a later turn of a world already held.
 //!
+//! Loss counts every copy a set-up should publish (a broadcast's five),
+//! and a copy beyond those fails the step. Latency is that of a message's
+//! first copy, from when it was due on the producer's schedule: a stalled
+//! producer does not hide its stall.
+//!
 //! For each set-up: the highest open-loop rate sustained with < 0.1% loss and
 //! p99 < 50 ms; latency percentiles at a common moderate rate; CPU µs per
 //! message of the relay process (from /proc); its peak resident memory over
@@ -51,7 +56,7 @@
 //! comparable within one run: server, producer and relay share the CPUs.
 
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -133,6 +138,22 @@ impl Setup {
     fn is_direct(self) -> bool {
         matches!(self, Setup::Direct | Setup::DirectCopies)
     }
+    /// Copies of message `seq` expected on the public and private subjects:
+    /// one, or as loopguard publishes it (contract §3: a human's broadcast
+    /// to the transcript and the four inboxes, an agent's to its
+    /// addressee's inbox, a duplicate only as an event).
+    fn copies_of(self, seq: u64) -> u8 {
+        if !self.drops_duplicates() {
+            return 1;
+        }
+        let (subject, _, _, approved) = message(seq);
+        match (approved, subject.contains(".human.")) {
+            (false, _) => 0,
+            (true, true) => 1 + AGENTS as u8,
+            (true, false) => 1,
+        }
+    }
+
     /// Only what loopguard would approve is expected out.
     fn drops_duplicates(self) -> bool {
         self.is_loopguard() || matches!(self, Setup::DirectCopies | Setup::CopyRelay)
@@ -208,6 +229,8 @@ struct Outcome {
     rate: u64,
     offered: u64,
     loss: f64,
+    /// Copies beyond those expected: wrong output, which fails the step.
+    extra: u64,
     p50: Duration,
     p99: Duration,
     p999: Duration,
@@ -215,7 +238,7 @@ struct Outcome {
 
 impl Outcome {
     fn passes(&self) -> bool {
-        self.loss < MAX_LOSS && self.p99 < MAX_P99
+        self.loss < MAX_LOSS && self.p99 < MAX_P99 && self.extra == 0
     }
 }
 
@@ -230,12 +253,15 @@ async fn send(
 ) -> Result<Outcome, Error> {
     let base = *next;
     *next += total;
-    let sent_at: Arc<Vec<AtomicU64>> = Arc::new((0..total).map(|_| AtomicU64::new(0)).collect());
-    let seen: Arc<Vec<AtomicBool>> = Arc::new((0..total).map(|_| AtomicBool::new(false)).collect());
-    let expected: u64 = (0..total)
-        .filter(|&s| !setup.drops_duplicates() || message(base + s).3)
-        .count() as u64;
-    let start = Instant::now();
+    // Every copy counts: each of a broadcast's five, not only its first.
+    let wanted: Arc<Vec<u8>> = Arc::new((0..total).map(|s| setup.copies_of(base + s)).collect());
+    let expected: u64 = wanted.iter().map(|&c| u64::from(c)).sum();
+    let got: Arc<Vec<AtomicU8>> = Arc::new((0..total).map(|_| AtomicU8::new(0)).collect());
+    // Copies counted against `expected`, and copies beyond a message's own
+    // (a duplicate approved, a copy twice): these fail the step rather
+    // than make up for lost ones.
+    let received = Arc::new(AtomicU64::new(0));
+    let extra = Arc::new(AtomicU64::new(0));
 
     let consumer = async_nats::ConnectOptions::new()
         .subscription_capacity(1 << 22)
@@ -245,20 +271,44 @@ async fn send(
     let mut private = consumer.subscribe("chat.private.>").await?;
     let mut events = consumer.subscribe("chat.events.>").await?;
     consumer.flush().await?;
+    // One producer; two for (a2), whose producers also do the publishing a
+    // relay would do in its own process (each takes every other message).
+    let producers = if setup == Setup::DirectCopies { 2 } else { 1 };
+    let mut clients = Vec::new();
+    for _ in 0..producers {
+        clients.push(async_nats::connect(url).await?);
+    }
+    // The schedule starts once every connection is up.
+    let start = Instant::now();
     let latencies = Arc::new(std::sync::Mutex::new(Vec::with_capacity(total as usize)));
     let record = {
-        let (sent_at, seen, latencies) = (sent_at.clone(), seen.clone(), latencies.clone());
+        let (got, wanted, latencies) = (got.clone(), wanted.clone(), latencies.clone());
+        let (received, extra) = (received.clone(), extra.clone());
         move |payload: &[u8]| {
             let Some(id) = id_of(payload).and_then(|id| id.checked_sub(base)) else {
                 return;
             };
-            let Some(flag) = seen.get(id as usize) else {
+            let Some(count) = got.get(id as usize) else {
                 return;
             };
-            if !flag.swap(true, Ordering::Relaxed) {
+            let before = count.fetch_add(1, Ordering::Relaxed);
+            if before >= wanted[id as usize] {
+                extra.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            received.fetch_add(1, Ordering::Relaxed);
+            if before == 0 {
+                // Latency from when the message was due, not from when the
+                // producer got to it: a producer that stalled and caught up
+                // does not hide the stall (no coordinated omission). Due
+                // at the first of the producer's 1 ms ticks at or after
+                // its place in the schedule, which is when an unstalled
+                // producer sends it.
                 let now = start.elapsed().as_nanos() as u64;
-                let sent = sent_at[id as usize].load(Ordering::Relaxed);
-                latencies.lock().unwrap().push(now.saturating_sub(sent));
+                let due = ((id + 1) * 1_000_000_000)
+                    .div_ceil(rate)
+                    .next_multiple_of(1_000_000);
+                latencies.lock().unwrap().push(now.saturating_sub(due));
             }
         }
     };
@@ -273,23 +323,16 @@ async fn send(
         }
     });
 
-    // One producer; two for (a2), whose producers also do the publishing a
-    // relay would do in its own process (each takes every other message).
-    let producers = if setup == Setup::DirectCopies { 2 } else { 1 };
     let mut tasks = Vec::new();
-    for first in 0..producers {
-        let producer = async_nats::connect(url).await?;
-        let sent_at = sent_at.clone();
+    for (first, producer) in clients.into_iter().enumerate() {
         tasks.push(tokio::spawn(async move {
-            let mut sent = first;
-            let mut tick = tokio::time::interval(Duration::from_millis(1));
+            let mut sent = first as u64;
+            let mut tick = tokio::time::interval_at(start.into(), Duration::from_millis(1));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
             while sent < total {
                 tick.tick().await;
                 let due = ((start.elapsed().as_nanos() * rate as u128) / 1_000_000_000) as u64;
                 while sent < due.min(total) {
-                    let at = start.elapsed().as_nanos() as u64;
-                    sent_at[sent as usize].store(at, Ordering::Relaxed);
                     publish(&producer, setup, base + sent).await?;
                     sent += producers;
                 }
@@ -304,7 +347,7 @@ async fn send(
     let sending = start.elapsed();
     // Stragglers: until everything expected arrived, or the drain time is up.
     let deadline = Instant::now() + DRAIN;
-    while Instant::now() < deadline && (latencies.lock().unwrap().len() as u64) < expected {
+    while Instant::now() < deadline && received.load(Ordering::Relaxed) < expected {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     collector.abort();
@@ -319,7 +362,8 @@ async fn send(
     Ok(Outcome {
         rate: (total as f64 / sending.as_secs_f64()) as u64,
         offered: rate,
-        loss: 1.0 - l.len() as f64 / expected as f64,
+        loss: 1.0 - received.load(Ordering::Relaxed) as f64 / expected as f64,
+        extra: extra.load(Ordering::Relaxed),
         p50: pct(0.50),
         p99: pct(0.99),
         p999: pct(0.999),

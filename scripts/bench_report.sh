@@ -169,7 +169,13 @@ two differ, the tables are the newer.
   copies per message) and less state per world: their CPU and memory
   figures are lower than this steady state's. The benchmark counts loss against what
   loopguard should approve, so a rule rejecting more than the designed
-  ~10% fails it.
+  ~10% fails it. Since 2026-11-22 23:59 UTC it counts every copy (each of
+  a broadcast's five, not only the first to arrive), a copy beyond a
+  message's own (a duplicate approved) fails the step, and latency runs
+  from when a message was due on the producer's schedule (its 1 ms tick),
+  not from when the producer sent it, so a stalled producer no longer
+  hides its stall (coordinated omission); that adds up to the tick's
+  millisecond to p50 in every set-up alike.
 - **Spread-out turns.** Each world's conversation is shifted by
   `world % 10` turns, so at any moment a fifth of the traffic is human, as
   within each world. Runs before 2026-11-21 lacked that: all 100,000 worlds
