@@ -391,7 +391,7 @@ echo '```'
 grep -E "^(approved|decision|mentions|single decisions|later decisions)|time:" "$decision" | sed 's/^ *//'
 echo '```'
 echo
-echo "Criterion's own samples (each the mean of many decisions), per benchmark:"
+echo "Criterion's own samples (each the mean of many decisions, so no percentile of single decisions: those are the \"single decisions\" lines above), per benchmark:"
 echo
 echo '```'
 python3 - <<'PY'
@@ -401,7 +401,7 @@ for path in sorted(glob.glob("target/criterion/*/new/sample.json")):
     d = json.load(open(path))
     per = sorted(t / i for t, i in zip(d["times"], d["iters"]))
     n = len(per)
-    print(f"{name}: {n} samples, p50 {per[n // 2]:.0f} ns, p99 {per[min(n - 1, int(n * 0.99))]:.0f} ns")
+    print(f"{name}: {n} samples, median {per[n // 2]:.0f} ns, slowest {per[-1]:.0f} ns")
 PY
 echo '```'
 echo

@@ -22,6 +22,8 @@ pub const ENV_PREFIX: &str = "LOOPGUARD__";
 pub enum ConfigError {
     #[error("config file {path}: not found")]
     Missing { path: String },
+    #[error("config file {path}: {message}")]
+    Unreadable { path: String, message: String },
     #[error("{0}")]
     Load(#[from] config::ConfigError),
     #[error("environment variable {var}: {message}")]
@@ -41,6 +43,20 @@ pub const MAX_RATE: u32 = 10_000;
 /// The most `nats.subscription_capacity` may say (tokio's channels refuse
 /// absurd capacities); a buffer this long already holds gigabytes.
 pub const MAX_SUBSCRIPTION_CAPACITY: usize = 16_777_216;
+
+/// A server address as an error may show it: a `user:password@` in it
+/// becomes `<redacted>@` (secrets are never logged).
+fn without_userinfo(address: &str) -> String {
+    let (scheme, rest) = match address.split_once("://") {
+        Some((scheme, rest)) => (&address[..scheme.len() + 3], rest),
+        None => ("", address),
+    };
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    match authority.rfind('@') {
+        Some(at) => format!("{scheme}<redacted>@{}", &rest[at + 1..]),
+        None => address.to_string(),
+    }
+}
 
 fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
@@ -458,7 +474,10 @@ impl NatsConfig {
             let addr = part.parse::<async_nats::ServerAddr>().map_err(|e| {
                 invalid(
                     "nats.url",
-                    format!("{part:?} is not a NATS server address: {e}"),
+                    format!(
+                        "{:?} is not a NATS server address: {e}",
+                        without_userinfo(part)
+                    ),
                 )
             })?;
             servers.push(addr);
@@ -1005,10 +1024,28 @@ impl Config {
         let mut builder =
             config::Config::builder().add_source(config::Config::try_from(&Config::default())?);
         if let Some(path) = path {
-            if !path.is_file() {
+            let unreadable = |message: String| ConfigError::Unreadable {
+                path: path.display().to_string(),
+                message,
+            };
+            if path.is_dir() {
+                return Err(unreadable("is a directory, not a file".into()));
+            }
+            if !path.exists() {
                 return Err(ConfigError::Missing {
                     path: path.display().to_string(),
                 });
+            }
+            // Read here first, for errors that name the file (the config
+            // crate's own say only "Permission denied"), and so that a file
+            // that is not UTF-8 is refused rather than read with U+FFFD in
+            // place of its bytes.
+            match std::fs::read(path) {
+                Err(e) => return Err(unreadable(e.to_string())),
+                Ok(bytes) if std::str::from_utf8(&bytes).is_err() => {
+                    return Err(unreadable("is not UTF-8 text".into()))
+                }
+                Ok(_) => {}
             }
             builder = builder.add_source(
                 config::File::from(path)
@@ -1101,6 +1138,26 @@ impl Config {
             return Err(invalid(
                 "log.level",
                 format!("{:?} is not a log filter: {e}", self.log.level),
+            ));
+        }
+        // The filter syntax reads a bare word that is no level as a target
+        // to log everything of, and nothing else: `warning` or `inof`
+        // would silence loopguard. A target takes a level here
+        // (`async_nats=debug`).
+        let levels = [
+            "error", "warn", "info", "debug", "trace", "off", "0", "1", "2", "3", "4", "5",
+        ];
+        if let Some(word) = self.log.level.split(',').map(str::trim).find(|d| {
+            !d.is_empty()
+                && !d.contains(['=', '['])
+                && !levels.iter().any(|l| l.eq_ignore_ascii_case(d))
+        }) {
+            return Err(invalid(
+                "log.level",
+                format!(
+                    "{word:?} is not a level (error, warn, info, debug, trace, off); \
+                     to filter by target, give it a level (async_nats=debug)"
+                ),
             ));
         }
         validate_rules("rules", &self.rules, &self.nats.prefix)?;
@@ -1553,6 +1610,62 @@ mod tests {
         // The same name twice (in any case) is one agent.
         let twice = load_toml("[worlds.w]\nagents = [\"Bob\", \"bob\"]\n", &[]).unwrap();
         assert_eq!(twice.world(&Name::parse("w").unwrap()).agents.len(), 1);
+    }
+
+    #[test]
+    fn a_log_level_that_is_no_level_is_refused() {
+        for bad in ["warning", "inof", "info,loopgaurd"] {
+            let e = error_of(&format!("[log]\nlevel = \"{bad}\"\n"), &[]);
+            assert!(
+                e.contains("log.level") && e.contains("is not a level"),
+                "{e}"
+            );
+        }
+        for good in [
+            "WARN",
+            "info,async_nats=warn",
+            "loopguard[decide]=trace",
+            "off",
+        ] {
+            let toml = format!("[log]\nlevel = \"{good}\"\n");
+            assert!(load_toml(&toml, &[]).is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn a_bad_server_address_is_shown_without_its_password() {
+        let e = error_of("[nats]\nurl = \"nats://lg:hunter2@nats:99999\"\n", &[]);
+        assert!(
+            e.contains("nats.url") && e.contains("nats://<redacted>@nats:99999"),
+            "{e}"
+        );
+        assert!(!e.contains("hunter2"), "{e}");
+        assert_eq!(without_userinfo("h:1"), "h:1");
+        assert_eq!(without_userinfo("u:p@h:1"), "<redacted>@h:1");
+        assert_eq!(without_userinfo("tls://h:1/a@b"), "tls://h:1/a@b");
+    }
+
+    #[test]
+    fn a_config_file_that_cannot_be_read_is_named_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Config::load(Some(dir.path()), Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&dir.path().display().to_string()) && e.contains("directory"),
+            "{e}"
+        );
+        let latin1 = dir.path().join("latin1.toml");
+        std::fs::write(&latin1, b"[http]\nadmin_token = \"caf\xe9\"\n").unwrap();
+        let e = Config::load(Some(&latin1), Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("latin1.toml") && e.contains("not UTF-8"), "{e}");
+        let gone = dir.path().join("gone.toml");
+        let e = Config::load(Some(&gone), Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gone.toml") && e.contains("not found"), "{e}");
     }
 
     #[test]
