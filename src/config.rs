@@ -1378,8 +1378,9 @@ type EnvOverrides = (Vec<(String, String)>, Vec<(String, Vec<String>)>);
 /// which take a JSON array of strings. Refuses any variable that names no
 /// key (the `config` crate would otherwise report the key without the
 /// variable, or, for per-world sections, accept what the contract forbids),
-/// and `LOOPGUARD_X__Y`, a likely typo of `LOOPGUARD__X__Y` that would
-/// otherwise be ignored.
+/// and `LOOPGUARD_X__Y` or `LOOPGUARD_X_Y` (a key's name with single
+/// underscores), likely typos of `LOOPGUARD__X__Y` that would otherwise be
+/// ignored.
 /// The process environment as [`Config::load`] reads it: only variables
 /// whose name starts with `LOOPGUARD` (any other may hold anything, bytes
 /// that are not UTF-8 included, and is none of loopguard's business). One of
@@ -1418,6 +1419,22 @@ fn env_overrides(
                     ),
                     var,
                 });
+            }
+            // `LOOPGUARD_NATS_URL` for `LOOPGUARD__NATS__URL`: a key's
+            // name with single underscores. Other LOOPGUARD_ variables
+            // (LOOPGUARD_CONFIG, Kubernetes' LOOPGUARD_SERVICE_HOST) name
+            // no key and are left alone.
+            if let Some(rest) = var.strip_prefix("LOOPGUARD_") {
+                let flat = rest.to_ascii_lowercase();
+                if let Some(key) = known.keys().find(|k| k.replace('.', "_") == flat) {
+                    return Err(ConfigError::Env {
+                        message: format!(
+                            "settings take two underscores between sections, as in {ENV_PREFIX}{}",
+                            key.to_ascii_uppercase().replace('.', "__")
+                        ),
+                        var,
+                    });
+                }
             }
             continue;
         };
@@ -1777,6 +1794,24 @@ mod tests {
         let e = error_of("", &[("LOOPGUARD_NATS__URL", "nats://x:4222")]);
         assert!(e.contains("LOOPGUARD__NATS__URL"), "{e}");
         assert!(load_toml("", &[("LOOPGUARD_CONFIG_DIR", "x")]).is_ok());
+        // Nor single underscores throughout, where they spell a key.
+        for (var, meant) in [
+            ("LOOPGUARD_NATS_URL", "LOOPGUARD__NATS__URL"),
+            ("LOOPGUARD_MODE", "LOOPGUARD__MODE"),
+            (
+                "LOOPGUARD_RULES_DUPLICATE_WINDOW_SECONDS",
+                "LOOPGUARD__RULES__DUPLICATE__WINDOW_SECONDS",
+            ),
+        ] {
+            let e = error_of("", &[(var, "1")]);
+            assert!(e.contains(var) && e.contains(meant), "{e}");
+        }
+        // Kubernetes' service links name no key.
+        let links = [
+            ("LOOPGUARD_SERVICE_HOST", "10.0.0.1"),
+            ("LOOPGUARD_PORT", "tcp://10.0.0.1:9464"),
+        ];
+        assert!(load_toml("", &links).is_ok());
     }
 
     #[test]
