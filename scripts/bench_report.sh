@@ -174,8 +174,8 @@ two differ, the tables are the newer.
   message's own (a duplicate approved) fails the step, and latency runs
   from when a message was due on the producer's schedule (its 1 ms tick),
   not from when the producer sent it, so a stalled producer no longer
-  hides its stall (coordinated omission); that adds up to the tick's
-  millisecond to p50 in every set-up alike.
+  hides its stall (coordinated omission); that adds to every set-up alike
+  the time the producer takes to publish the rest of that tick's burst.
 - **Spread-out turns.** Each world's conversation is shifted by
   `world % 10` turns, so at any moment a fifth of the traffic is human, as
   within each world. Runs before 2026-11-21 lacked that: all 100,000 worlds

@@ -44,15 +44,16 @@ pub const MAX_RATE: u32 = 10_000;
 /// absurd capacities); a buffer this long already holds gigabytes.
 pub const MAX_SUBSCRIPTION_CAPACITY: usize = 16_777_216;
 
-/// A server address as an error may show it: a `user:password@` in it
-/// becomes `<redacted>@` (secrets are never logged).
+/// A server address as an error may show it: everything up to its last
+/// `@` becomes `<redacted>@`, so a `user:password@` goes, even one whose
+/// password holds the `/` or `#` that made the address unreadable
+/// (secrets are never logged).
 fn without_userinfo(address: &str) -> String {
     let (scheme, rest) = match address.split_once("://") {
         Some((scheme, rest)) => (&address[..scheme.len() + 3], rest),
         None => ("", address),
     };
-    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    match authority.rfind('@') {
+    match rest.rfind('@') {
         Some(at) => format!("{scheme}<redacted>@{}", &rest[at + 1..]),
         None => address.to_string(),
     }
@@ -1149,7 +1150,7 @@ impl Config {
         ];
         if let Some(word) = self.log.level.split(',').map(str::trim).find(|d| {
             !d.is_empty()
-                && !d.contains(['=', '['])
+                && !d.contains(['=', '[', ']', '{', '}'])
                 && !levels.iter().any(|l| l.eq_ignore_ascii_case(d))
         }) {
             return Err(invalid(
@@ -1659,7 +1660,12 @@ mod tests {
         assert!(!e.contains("hunter2"), "{e}");
         assert_eq!(without_userinfo("h:1"), "h:1");
         assert_eq!(without_userinfo("u:p@h:1"), "<redacted>@h:1");
-        assert_eq!(without_userinfo("tls://h:1/a@b"), "tls://h:1/a@b");
+        assert_eq!(
+            without_userinfo("nats://lg:pa/ss#x@h:1"),
+            "nats://<redacted>@h:1"
+        );
+        let e = error_of("[nats]\nurl = \"nats://lg:pa/ss@nats:4222\"\n", &[]);
+        assert!(!e.contains("pa/ss"), "{e}");
     }
 
     #[test]

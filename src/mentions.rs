@@ -10,7 +10,8 @@
 //!
 //! An *inline* (mid-paragraph) mention is `@name` anywhere else, where the `@`
 //! does not sit inside a word (`a@b.com` is no mention) and the name is the
-//! whole word (`@josé` does not mention `jos`, `@bob@host` not `bob`).
+//! whole word (`@josé` does not mention `jos`, `@bob@host` not `bob`;
+//! `@bob—` and `@bob’s` do mention `bob`).
 //!
 //! This module only finds name-shaped tokens; routing decides which of them
 //! are roster agents.
@@ -108,17 +109,32 @@ fn inline_mentions<'a>(p: &'a str, span: std::ops::Range<usize>, out: &mut Vec<&
     let mut i = span.start;
     while let Some(off) = memchr::memchr(b'@', &b[i..]) {
         let at = i + off;
-        let inside_word =
-            at > 0 && (is_name_byte(b[at - 1]) || b[at - 1] == b'@' || b[at - 1] >= 0x80);
+        // `a@b`, `ü@x`: the `@` is inside a word.
+        let inside_word = p[..at].chars().next_back().is_some_and(joins_word);
         let end = skip(b, at + 1, is_name_byte);
-        // Non-ASCII or a second `@` right after: the word goes on past
-        // the name (`@josé`, `@bob@host`), so it is not the name.
-        let word_goes_on = end < b.len() && (b[end] == b'@' || b[end] >= 0x80);
+        // `@josé`, `@bob@host`: the word goes on past the name, so it is
+        // not the name. (`@bob—`, `@bob’s`: punctuation ends it.)
+        let word_goes_on = p[end..].chars().next().is_some_and(joins_word);
         if !inside_word && !word_goes_on && is_name(&p[at + 1..end]) {
             out.push(&p[at + 1..end]);
         }
         i = end.max(at + 1);
     }
+}
+
+/// Whether `c`, next to an inline `@name`, makes it part of a longer word:
+/// a name's own characters, an `@`, a letter or digit of any script, or a
+/// combining mark (`bob` + U+0301 is `bób`). Punctuation and spaces of any
+/// script are not.
+fn joins_word(c: char) -> bool {
+    if c.is_ascii() {
+        return is_name_byte(c as u8) || c == '@';
+    }
+    c.is_alphanumeric()
+        || matches!(
+            u32::from(c),
+            0x300..=0x36F | 0x1AB0..=0x1AFF | 0x1DC0..=0x1DFF | 0x20D0..=0x20FF | 0xFE20..=0xFE2F
+        )
 }
 
 fn skip(b: &[u8], mut i: usize, pred: impl Fn(u8) -> bool) -> usize {
@@ -212,13 +228,17 @@ mod tests {
         let none = Vec::<&str>::new();
         assert_eq!(inline_of("ask @josé or @bob\u{301} now"), none);
         assert_eq!(inline_of("write to @bob@example.com"), none);
-        assert_eq!(inline_of("ask @bob\u{200b} hi"), none);
+        assert_eq!(inline_of("ask éf@bob or 名@bob"), none);
         // At a paragraph's start too, where the token is plain text.
         assert_eq!(scan("@josé hi").inline, none);
-        // ASCII punctuation ends the word: still a mention.
+        // Punctuation and spaces end the word, ASCII or not: still a mention.
         assert_eq!(
             inline_of("ask @bob's friend, @carol! or (@dave)"),
             ["bob", "carol", "dave"]
+        );
+        assert_eq!(
+            inline_of("ask @bob—now, @carol’s draft, —@dave… or\u{a0}@erin\u{a0}"),
+            ["bob", "carol", "dave", "erin"]
         );
     }
 
