@@ -1987,6 +1987,15 @@ mod tests {
         assert!(w.thread_latest.as_ref().is_none_or(|i| i.is_empty()));
     }
 
+    /// Settings from the defaults edited by `edit`, and a world cache of them.
+    fn worlds_with(edit: impl FnOnce(&mut crate::config::Config)) -> (Settings, Worlds) {
+        let mut config = crate::config::Config::default();
+        edit(&mut config);
+        let settings = config.validate().unwrap();
+        let worlds = Worlds::new(&settings);
+        (settings, worlds)
+    }
+
     #[test]
     fn upkeep_applies_the_cache_log_once_enough_lookups_built_up() {
         let settings = crate::config::Config::default().validate().unwrap();
@@ -2018,10 +2027,7 @@ mod tests {
 
     #[test]
     fn a_full_cache_still_admits_new_worlds_and_evicts_the_least_recently_used() {
-        let mut config = crate::config::Config::default();
-        config.state.max_worlds = 3;
-        let settings = config.validate().unwrap();
-        let worlds = Worlds::new(&settings);
+        let (settings, worlds) = worlds_with(|c| c.state.max_worlds = 3);
         let now = Instant::now();
         for i in 0..50 {
             let w = name(&format!("w{i}"));
@@ -2034,10 +2040,7 @@ mod tests {
 
     #[test]
     fn looking_at_a_world_does_not_keep_it_past_its_idle_time() {
-        let mut config = crate::config::Config::default();
-        config.state.idle_seconds = 60;
-        let settings = config.validate().unwrap();
-        let worlds = Worlds::new(&settings);
+        let (settings, worlds) = worlds_with(|c| c.state.idle_seconds = 60);
         let start = Instant::now();
         let w = name("lobby");
         let paused = || {
@@ -2076,10 +2079,7 @@ mod tests {
 
     #[test]
     fn a_world_evicted_while_in_use_is_kept() {
-        let mut config = crate::config::Config::default();
-        config.state.max_worlds = 1;
-        let settings = config.validate().unwrap();
-        let worlds = Worlds::new(&settings);
+        let (settings, worlds) = worlds_with(|c| c.state.max_worlds = 1);
         let now = Instant::now();
         let waiting = worlds.get_or_create(&name("waiting"), &settings.default_world, now);
         lock(&waiting).turns = 3;
@@ -2166,10 +2166,7 @@ mod tests {
 
     /// Settings with the least `state.max_bytes`, and their world cache.
     fn smallest_cache() -> (Settings, Worlds) {
-        let mut config = crate::config::Config::default();
-        config.state.max_bytes = MIN_STATE_BYTES;
-        let settings = config.validate().unwrap();
-        let worlds = Worlds::new(&settings);
+        let (settings, worlds) = worlds_with(|c| c.state.max_bytes = MIN_STATE_BYTES);
         (settings, worlds)
     }
 
@@ -2245,11 +2242,10 @@ mod tests {
 
     #[test]
     fn an_idle_world_weighs_max_bytes_over_max_worlds() {
-        let mut config = crate::config::Config::default();
-        config.state.max_worlds = 1000;
-        config.state.max_bytes = 4 * MIN_STATE_BYTES;
-        let settings = config.validate().unwrap();
-        let worlds = Worlds::new(&settings);
+        let (settings, worlds) = worlds_with(|c| {
+            c.state.max_worlds = 1000;
+            c.state.max_bytes = 4 * MIN_STATE_BYTES;
+        });
         let now = Instant::now();
         for i in 0..1500 {
             let world = name(&format!("w{i}"));
