@@ -4,7 +4,11 @@
 //! single decisions and prints their percentiles, since the target is a p99:
 //! a world's first message (which creates its state) apart from the rest,
 //! and then the same decisions with the world cache's upkeep between them,
-//! as a worker below saturation does it when its queue runs empty.
+//! as a worker below saturation does it when its queue runs empty. Those
+//! worlds are young (about twenty messages each), their state still
+//! growing; a last set times decisions in busy worlds long after their
+//! start, each remembering its most messages, and prints what such a world
+//! weighs.
 //!
 //!   cargo bench --bench decision
 //!
@@ -30,20 +34,29 @@ use loopguard::config::Config;
 use loopguard::envelope::FallbackId;
 use loopguard::judge::Judge;
 use loopguard::metrics::{Metrics, Outcome};
+use loopguard::state::MAX_REMEMBERED;
 
 /// Time between two messages of the workload: 20,000 a second.
 const STEP: Duration = Duration::from_micros(50);
 
-/// The workload's clock: [`STEP`] further at each [`Workload::tick`].
+/// The workload's clock: a step ([`STEP`] unless told) further at each
+/// [`Workload::tick`].
 struct Workload {
     start: Instant,
+    step: Duration,
     ticks: AtomicU64,
 }
 
 impl Workload {
     fn new() -> Arc<Workload> {
+        Workload::with_step(STEP)
+    }
+
+    /// A workload clock that moves on by `step` at each tick.
+    fn with_step(step: Duration) -> Arc<Workload> {
         Arc::new(Workload {
             start: Instant::now(),
+            step,
             ticks: AtomicU64::new(0),
         })
     }
@@ -56,7 +69,7 @@ impl Workload {
 
 impl Clock for Workload {
     fn now(&self) -> Instant {
-        self.start + STEP * self.ticks.load(Ordering::Relaxed) as u32
+        self.start + self.step * self.ticks.load(Ordering::Relaxed) as u32
     }
 
     fn wall(&self) -> SystemTime {
@@ -224,6 +237,17 @@ fn decision(c: &mut Criterion) {
     // saturation): it runs every 32 lookups here, so no decision applies
     // moka's log itself (64 lookups, or 300 ms since the last upkeep).
     let (idle, _) = single_decisions(&inputs, true);
+    // Busy worlds long after their start: each holds its full windows.
+    let busy_worlds = 2_000;
+    let (steady, steady_approved) = steady_decisions(busy_worlds, 200_000);
+    println!(
+        "approved: single decisions in busy worlds at their steady state: {:.1}% of {}",
+        steady_approved as f64 * 100.0 / steady.len() as f64,
+        steady.len()
+    );
+    let steady_name = format!(
+        "later messages in {busy_worlds} busy worlds, each remembering {MAX_REMEMBERED} messages"
+    );
     for (what, times) in [
         ("first message of a world", first),
         ("later messages, all events on", later),
@@ -236,6 +260,7 @@ fn decision(c: &mut Criterion) {
             "later messages, the cache's upkeep between them",
             &idle[worlds..],
         ),
+        (steady_name.as_str(), &steady[..]),
     ] {
         let mut times = times.to_vec();
         times.sort_unstable();
@@ -314,6 +339,44 @@ fn single_decisions(inputs: &[(String, Vec<u8>)], upkeep: bool) -> (Vec<u64>, us
             took
         })
         .collect();
+    (times, approved)
+}
+
+/// The time of each of `n` decisions in `worlds` busy worlds, on a fresh
+/// judge with every event on, after enough untimed decisions that each world
+/// holds its full windows (a long-running sidecar's busy worlds: the most
+/// state a decision reads, and no growth left), and how many were approved.
+/// The inputs are made one at a time, untimed: millions of them would not
+/// fit in memory beside the state.
+fn steady_decisions(worlds: usize, n: usize) -> (Vec<u64>, usize) {
+    // As many messages a second to each world as the 10,000 worlds of the
+    // other measurements get (one every half second), so an agent still
+    // speaks again only after its cooldown: fewer worlds for the same
+    // state per world, which takes less time and memory to fill.
+    let clock = Workload::with_step(STEP * (10_000 / worlds) as u32);
+    let judge = new_judge(true, false, clock.clone());
+    // MAX_REMEMBERED messages a world fill every window the workload
+    // reaches (remembered messages, contents, activity), with room to spare.
+    let warm_up = (MAX_REMEMBERED + 100) * worlds;
+    let mut times = Vec::with_capacity(n);
+    let mut approved = 0;
+    for i in 0..warm_up + n {
+        let (subject, payload) = input(i, worlds);
+        clock.tick();
+        let start = Instant::now();
+        let origin = judge.subjects().parse(&subject);
+        let d = std::hint::black_box(judge.decide(origin, &payload, FallbackId::default()));
+        let took = start.elapsed().as_nanos() as u64;
+        if i >= warm_up {
+            times.push(took);
+            approved += usize::from(d.is_some_and(|d| d.outcome == Outcome::Approved));
+        }
+    }
+    // What a busy world weighs in `state.max_bytes`: the state's own count.
+    println!(
+        "state: a busy world weighs {:.0} KiB (its state's own count, which `state.max_bytes` caps)",
+        judge.worlds().bytes() as f64 / worlds as f64 / 1024.0
+    );
     (times, approved)
 }
 

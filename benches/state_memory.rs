@@ -8,7 +8,10 @@
 //! Each size runs in a child process of its own, so one measurement's freed
 //! pages cannot flatter the next. Two shapes of idle world: one that saw a
 //! single agent message, and one that saw a short conversation (four agent
-//! messages and a human's).
+//! messages and a human's). Then busy worlds, at their caps: 200 worlds of
+//! 2,000 agent messages each (the loop rules off, so all are approved), in
+//! one thread or a thread for each message, with what the world cache
+//! weighs each (`state.max_bytes` caps that sum) beside what it holds.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -35,12 +38,24 @@ fn rss_kib() -> u64 {
 
 const WARM_WORLDS: u64 = 1000;
 
-/// In the child: decide `turns` messages in each of `worlds` worlds, print
-/// "bytes-per-world worlds-held" (the warm-up worlds not counted).
-fn child(worlds: u64, turns: u64) {
+/// In the child: decide `turns` messages in each of `worlds` worlds (with
+/// `threads`, busy worlds: a thread for each agent message), print
+/// "bytes-per-world worlds-held weight-per-world" (the warm-up worlds not
+/// counted).
+fn child(worlds: u64, turns: u64, threads: bool) {
     let mut c = Config::default();
     c.state.max_worlds = worlds * 2;
     c.state.max_bytes = 1 << 40; // every world held
+    if turns > 5 {
+        // Busy worlds: every message approved, so each reaches its caps. A
+        // least weight of 1 KiB, so what the cache weighs is the worlds' own.
+        c.state.max_worlds = 1 << 20;
+        c.state.max_bytes = 1 << 30;
+        c.rules.turns.max = 0;
+        c.rules.depth.max = 0;
+        c.rules.cooldown.seconds = 0;
+        c.rules.rate.max = 0;
+    }
     let judge = Judge::new(
         Arc::new(c.validate().expect("default config is valid")),
         Arc::new(SystemClock),
@@ -57,11 +72,11 @@ fn child(worlds: u64, turns: u64) {
             FallbackId::default(),
         );
     }
-    judge.worlds().len();
+    let weight_before = judge.worlds().bytes();
     let before = rss_kib();
     for k in 0..turns {
         for w in 0..worlds {
-            let (subject, content) = if k == 4 {
+            let (subject, content) = if k == 4 && turns <= 5 {
                 (format!("chat.raw.w{w}.human.h"), format!("question {w}"))
             } else {
                 (
@@ -69,7 +84,11 @@ fn child(worlds: u64, turns: u64) {
                     format!("@a{} answer {k} {w}: {filler}", (k + 1) % 4),
                 )
             };
-            let payload = format!("{{\"id\":\"{w}-{k}\",\"content\":\"{content}\"}}");
+            let thread = match threads {
+                true => format!(",\"thread_id\":\"t{w}-{k}\""),
+                false => String::new(),
+            };
+            let payload = format!("{{\"id\":\"{w}-{k}\"{thread},\"content\":\"{content}\"}}");
             judge.decide(
                 judge.subjects().parse(&subject),
                 payload.as_bytes(),
@@ -79,10 +98,30 @@ fn child(worlds: u64, turns: u64) {
     }
     let held = judge.worlds().len() - WARM_WORLDS;
     let after = rss_kib();
+    let weight = judge.worlds().bytes() - weight_before;
     println!(
-        "{} {held}",
-        (after - before) as f64 * 1024.0 / worlds as f64
+        "{} {held} {}",
+        (after - before) as f64 * 1024.0 / worlds as f64,
+        weight as f64 / worlds as f64
     );
+}
+
+/// Runs `child` in a process of its own: (resident bytes, weight) per world.
+fn measure(program: &str, worlds: u64, turns: u64, threads: bool) -> (f64, f64) {
+    let out = Command::new(program)
+        .args(["--child", &worlds.to_string(), &turns.to_string()])
+        .args(threads.then_some("threads"))
+        .output()
+        .expect("run the measuring child");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    let [bytes, held, weight] = fields[..] else {
+        eprintln!("child failed: {}", String::from_utf8_lossy(&out.stderr));
+        std::process::exit(1);
+    };
+    assert_eq!(held, worlds.to_string(), "every world is held");
+    let number = |f: &str| f.parse().unwrap_or(f64::NAN);
+    (number(bytes), number(weight))
 }
 
 fn main() {
@@ -90,11 +129,12 @@ fn main() {
     if args.iter().any(|a| a == "--list" || a == "--test") {
         return; // `cargo test --benches` probes; nothing to run.
     }
-    if let [_, flag, worlds, turns] = args.as_slice() {
+    if let [_, flag, worlds, turns, rest @ ..] = args.as_slice() {
         if flag == "--child" {
             child(
                 worlds.parse().expect("worlds"),
                 turns.parse().expect("turns"),
+                rest.iter().any(|a| a == "threads"),
             );
             return;
         }
@@ -103,22 +143,24 @@ fn main() {
     println!("|---:|---:|---:|---|");
     for turns in [1, 5] {
         for worlds in [100_000u64, 1_000_000] {
-            let out = Command::new(&args[0])
-                .args(["--child", &worlds.to_string(), &turns.to_string()])
-                .output()
-                .expect("run the measuring child");
-            let text = String::from_utf8_lossy(&out.stdout);
-            let mut fields = text.split_whitespace();
-            let (Some(bytes), Some(held)) = (fields.next(), fields.next()) else {
-                eprintln!("child failed: {}", String::from_utf8_lossy(&out.stderr));
-                std::process::exit(1);
-            };
-            let bytes: f64 = bytes.parse().unwrap_or(f64::NAN);
-            assert_eq!(held, worlds.to_string(), "every world is held");
+            let (bytes, _) = measure(&args[0], worlds, turns, false);
             println!(
                 "| {worlds} | {turns} | {bytes:.0} | {} |",
                 if turns == 1 { "≤ 1024" } else { "—" }
             );
         }
+    }
+    println!();
+    println!("| busy worlds | messages per world | threads | resident KiB per world | weighed KiB per world |");
+    println!("|---:|---:|---|---:|---:|");
+    for threads in [false, true] {
+        let (worlds, turns) = (200, 2_000);
+        let (bytes, weight) = measure(&args[0], worlds, turns, threads);
+        println!(
+            "| {worlds} | {turns} | {} | {:.0} | {:.0} |",
+            if threads { "one a message" } else { "one" },
+            bytes / 1024.0,
+            weight / 1024.0
+        );
     }
 }

@@ -425,7 +425,7 @@ echo
 echo "Run ended $(date -u -r "$decision" +%FT%TZ)."
 echo
 echo '```'
-grep -E "^(approved|decision|mentions|single decisions|later decisions)|time:" "$decision" | sed 's/^ *//'
+grep -E "^(approved|decision|mentions|single decisions|later decisions|state:)|time:" "$decision" | sed 's/^ *//'
 echo '```'
 echo
 echo "Criterion's own samples (each the mean of many decisions, so no percentile of single decisions: those are the \"single decisions\" lines above), per benchmark:"

@@ -54,6 +54,20 @@ pub const MIN_STATE_BYTES: u64 = 16 << 20;
 /// slow only its own world, and only boundedly.
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
+/// A remembered message's key: its id hashed with a seed random per process,
+/// not the id itself. A busy world remembers a thousand messages; keyed by
+/// their ids, each was an allocation that a lookup compared and that its
+/// eviction freed, long out of the CPU's caches by then. Two ids sharing a
+/// key (about one chance in 10^16 per lookup in a full world) would give a
+/// reply the other's depth and thread: what any agent gets by naming that
+/// message as its parent.
+fn message_key(id: &str) -> u64 {
+    static SEED: std::sync::LazyLock<foldhash::quality::RandomState> =
+        std::sync::LazyLock::new(Default::default);
+    use std::hash::BuildHasher;
+    SEED.hash_one(id)
+}
+
 /// One agent known to a world.
 #[derive(Debug, Clone)]
 pub struct Agent {
@@ -223,9 +237,10 @@ pub struct WorldState {
     /// Set with the turn-limit notice; agents stay rejected until a reset.
     pub paused: bool,
     agents: Roster,
-    messages: Map<Arc<str>, Remembered>,
+    /// Remembered messages by [`message_key`].
+    messages: Map<u64, Remembered>,
     /// Insertion order of `messages`, for eviction.
-    message_order: VecDeque<Arc<str>>,
+    message_order: VecDeque<u64>,
     /// Latest approved message id of each thread but `latest`'s own, so a
     /// world talking in one thread keeps no index at all (and none boxed).
     thread_latest: Option<Box<Map<Arc<str>, Arc<str>>>>,
@@ -248,8 +263,8 @@ pub struct WorldState {
     extras: Option<Box<Extras>>,
     /// `state.idle_seconds`, as whole seconds: four bytes, not sixteen.
     idle_seconds: u32,
-    /// Bytes of the ids and thread ids `messages` holds (see
-    /// [`WorldState::footprint`]).
+    /// Bytes of the thread ids `messages` holds, each counted as often as
+    /// it is held (see [`WorldState::footprint`]).
     remembered_bytes: u32,
     /// Bytes of the thread ids and ids `thread_latest` holds, counted apart
     /// from `messages` even where they share them: an entry can outlive its
@@ -449,30 +464,39 @@ impl WorldState {
                 parent_is_agent: false,
             };
         }
-        // The long-id latest is newer than anything remembered.
-        let long = self.latest_long.as_deref().map(|(id, m)| (id, m));
+        // The long-id latest is newer than anything remembered. A parent
+        // named by the message is found by its text, which is shared when it
+        // is the latest message (the usual reply) and copied otherwise.
+        let long = self.latest_long.as_deref();
         let parent = parent_id
-            .and_then(|p| {
-                long.filter(|(id, _)| &***id == p)
-                    .or_else(|| self.messages.get_key_value(p))
+            .and_then(|p| match long {
+                Some((id, m)) if &**id == p => Some((id.clone(), m)),
+                _ => {
+                    let meta = self.remembered(p)?;
+                    let latest = self.latest.as_ref().filter(|id| &***id == p);
+                    Some((latest.map_or_else(|| Arc::from(p), Arc::clone), meta))
+                }
             })
             .or_else(|| {
                 let t = thread_id?;
-                long.filter(|(_, m)| *m.thread_id == *t).or_else(|| {
-                    self.latest_in_thread(t)
-                        .and_then(|id| self.messages.get_key_value(id))
-                })
+                match long {
+                    Some((id, m)) if *m.thread_id == *t => Some((id.clone(), m)),
+                    _ => {
+                        let id = self.latest_in_thread(t)?;
+                        Some((id.clone(), self.remembered(id)?))
+                    }
+                }
             })
-            .or_else(|| {
-                long.or_else(|| {
-                    self.latest
-                        .as_ref()
-                        .and_then(|id| self.messages.get_key_value(id))
-                })
+            .or_else(|| match long {
+                Some((id, m)) => Some((id.clone(), m)),
+                None => {
+                    let id = self.latest.as_ref()?;
+                    Some((id.clone(), self.remembered(id)?))
+                }
             });
         match parent {
             Some((pid, meta)) => Lineage {
-                parent_id: Some(pid.clone()),
+                parent_id: Some(pid),
                 thread_id: thread_id
                     .map(Arc::from)
                     .unwrap_or_else(|| meta.thread_id.clone()),
@@ -488,17 +512,15 @@ impl WorldState {
         }
     }
 
+    /// The remembered message with this id.
+    fn remembered(&self, id: &str) -> Option<&Remembered> {
+        self.messages.get(&message_key(id))
+    }
+
     /// The latest remembered message of `thread`.
     fn latest_in_thread(&self, thread: &str) -> Option<&Arc<str>> {
         match &self.latest {
-            Some(id)
-                if self
-                    .messages
-                    .get(id)
-                    .is_some_and(|m| &*m.thread_id == thread) =>
-            {
-                Some(id)
-            }
+            Some(id) if self.remembered(id).is_some_and(|m| &*m.thread_id == thread) => Some(id),
             _ => self.thread_latest.as_ref()?.get(thread),
         }
     }
@@ -525,12 +547,13 @@ impl WorldState {
             // The message latest until now hands its thread to the index
             // (read before a reused id is re-filed under another thread).
             let previous = self.latest.take().and_then(|id| {
-                let its_thread = self.messages.get(&id)?.thread_id.clone();
+                let its_thread = self.remembered(&id)?.thread_id.clone();
                 Some((id, its_thread))
             });
             let id = approved.id.clone();
+            let key = message_key(&id);
             let replaced = self.messages.insert(
-                id.clone(),
+                key,
                 Remembered {
                     depth: approved.lineage.depth,
                     thread_id: approved.lineage.thread_id.clone(),
@@ -540,14 +563,11 @@ impl WorldState {
             // Ids are at most MAX_REMEMBERED_ID bytes: the sum fits a u32.
             self.remembered_bytes += text_bytes(thread);
             match replaced {
-                // A reused id keeps its key: only its thread id changed.
+                // A reused id keeps its place: only its thread id changed.
                 Some(old) => self.remembered_bytes -= text_bytes(&old.thread_id),
                 None => {
-                    self.remembered_bytes += text_bytes(&id);
-                    if let Some(old) =
-                        push_window(&mut self.message_order, id.clone(), MAX_REMEMBERED)
-                    {
-                        self.forget_message(&old);
+                    if let Some(old) = push_window(&mut self.message_order, key, MAX_REMEMBERED) {
+                        self.forget_message(old);
                     }
                 }
             }
@@ -557,8 +577,7 @@ impl WorldState {
                 // another thread). Most messages stay in the thread, so the
                 // second lookup is rare.
                 let still_there = || {
-                    self.messages
-                        .get(&previous)
+                    self.remembered(&previous)
                         .is_some_and(|m| m.thread_id == its_thread)
                 };
                 if its_thread != *thread && still_there() {
@@ -586,7 +605,9 @@ impl WorldState {
                     let messages = &self.messages;
                     let index_bytes = &mut self.index_bytes;
                     index.retain(|thread, id| {
-                        let keep = messages.get(id).is_some_and(|m| m.thread_id == *thread);
+                        let keep = messages
+                            .get(&message_key(id))
+                            .is_some_and(|m| m.thread_id == *thread);
                         if !keep {
                             *index_bytes -= text_bytes(thread) + text_bytes(id);
                         }
@@ -659,18 +680,25 @@ impl WorldState {
         count_since(&self.extras().agent_approvals, Since::new(now, window))
     }
 
-    fn forget_message(&mut self, id: &Arc<str>) {
-        if let Some(meta) = self.messages.remove(id) {
-            self.remembered_bytes -= text_bytes(id) + text_bytes(&meta.thread_id);
+    fn forget_message(&mut self, key: u64) {
+        if let Some(meta) = self.messages.remove(&key) {
+            self.remembered_bytes -= text_bytes(&meta.thread_id);
             if let Some(index) = &mut self.thread_latest {
-                if index.get(&meta.thread_id) == Some(id) {
+                if index
+                    .get(&meta.thread_id)
+                    .is_some_and(|id| message_key(id) == key)
+                {
                     if let Some((key, value)) = index.remove_entry(&meta.thread_id) {
                         self.index_bytes -= text_bytes(&key) + text_bytes(&value);
                     }
                 }
             }
         }
-        if self.latest.as_ref() == Some(id) {
+        if self
+            .latest
+            .as_deref()
+            .is_some_and(|id| message_key(id) == key)
+        {
             self.latest = None;
         }
     }
@@ -746,11 +774,12 @@ impl WorldState {
         });
         size_of::<World>()
             + roster
-            + table_bytes(
-                self.messages.capacity(),
-                size_of::<(Arc<str>, Remembered)>(),
-            )
+            + table_bytes(self.messages.capacity(), size_of::<(u64, Remembered)>())
             + self.remembered_bytes as usize
+            + self
+                .latest
+                .as_deref()
+                .map_or(0, |id| text_bytes(id) as usize)
             + self.latest_long.as_deref().map_or(0, |(id, m)| {
                 size_of::<(Arc<str>, Remembered)>()
                     + (text_bytes(id) + text_bytes(&m.thread_id)) as usize
@@ -848,8 +877,14 @@ impl Contents {
 
     /// Whether a content with this hash was approved within the window.
     fn seen(&self, hash: u64, since: Since) -> bool {
-        // The newest entry with this hash decides: if that one is too old,
-        // so is every other.
+        // Most contents are new, so the whole window is read: first for
+        // whether the hash is there at all, a comparison the compiler does
+        // several at a time; then, seldom, for where. The newest entry with
+        // this hash decides: if that one is too old, so is every other.
+        let (older, newer) = self.hashes.as_slices();
+        if !holds(older, hash) && !holds(newer, hash) {
+            return false;
+        }
         self.hashes
             .iter()
             .rposition(|h| *h == hash)
@@ -871,6 +906,19 @@ impl Contents {
     }
 }
 
+/// Whether `hashes` holds `hash`: a block of them at a time, with no early
+/// exit inside a block, so that the compiler compares a block in a few
+/// vector instructions (a busy world's window is a thousand hashes, and the
+/// one-by-one search was a tenth of a decision there).
+fn holds(hashes: &[u64], hash: u64) -> bool {
+    let blocks = hashes.chunks_exact(16);
+    let rest = blocks.remainder();
+    blocks
+        .into_iter()
+        .any(|block| block.iter().fold(false, |found, h| found | (*h == hash)))
+        || rest.contains(&hash)
+}
+
 /// How many of `times` are in the window: a binary search, as every window
 /// of times here is oldest first (one worker decides a world's messages in
 /// order, on a monotonic clock), so a long window costs what a short one
@@ -882,17 +930,21 @@ fn count_since(times: &VecDeque<Instant>, since: Since) -> usize {
 /// Appends `item` to a per-world window of at most `cap` items and returns
 /// the oldest one if it fell out. An empty window gets room for one item,
 /// not the four `VecDeque` starts with: most worlds hold few messages, and
-/// idle worlds are most of the memory.
+/// idle worlds are most of the memory. A full window lets its oldest item go
+/// before it takes the new one, so it never grows past `cap` for a moment:
+/// that would double its room (a busy world's four longest windows held
+/// about 50 KiB they never used).
 fn push_window<T>(window: &mut VecDeque<T>, item: T, cap: usize) -> Option<T> {
+    let out = if window.len() >= cap {
+        window.pop_front()
+    } else {
+        None
+    };
     if window.capacity() == 0 {
         window.reserve_exact(1);
     }
     window.push_back(item);
-    if window.len() > cap {
-        window.pop_front()
-    } else {
-        None
-    }
+    out
 }
 
 /// A speaker's key in the activity log (a human and an agent of the same
@@ -1808,7 +1860,8 @@ mod tests {
             approve(&mut w, &format!("m{i}"), &l, t0);
         }
         assert_eq!(w.messages.len(), MAX_REMEMBERED);
-        assert!(!w.messages.contains_key("m0"));
+        assert!(w.remembered("m0").is_none());
+        assert!(w.remembered(&format!("m{}", MAX_REMEMBERED + 9)).is_some());
     }
 
     /// A reload lowering the rate limit trims each agent's approval times
@@ -1907,6 +1960,53 @@ mod tests {
         assert!(w.seen_content(599, now, window));
         assert!(w.seen_content(300, now, window));
         assert!(!w.seen_content(299, now, window));
+    }
+
+    #[test]
+    fn a_full_window_takes_a_new_item_in_the_room_it_has() {
+        let mut window = VecDeque::new();
+        for i in 0..1024 {
+            assert_eq!(push_window(&mut window, i, 1024), None);
+        }
+        let room = window.capacity();
+        for i in 1024..5000 {
+            assert_eq!(push_window(&mut window, i, 1024), Some(i - 1024));
+        }
+        assert_eq!(window.len(), 1024);
+        assert_eq!(window.capacity(), room, "no room added when full");
+        assert_eq!(room, 1024);
+    }
+
+    #[test]
+    fn the_duplicate_window_finds_every_hash_it_holds_wherever_its_ring_wraps() {
+        // Hashes in blocks and in the rest past the last block, at every place.
+        for len in 0..40u64 {
+            let hashes: Vec<u64> = (100..100 + len).collect();
+            for h in 99..=100 + len {
+                assert_eq!(
+                    holds(&hashes, h),
+                    (100..100 + len).contains(&h),
+                    "{len} {h}"
+                );
+            }
+        }
+        let t0 = Instant::now();
+        let window = Duration::from_secs(3600);
+        let mut contents = Contents::default();
+        for i in 0..(MAX_DUPLICATE_WINDOW + 500) as u64 {
+            contents.push(t0 + Duration::from_millis(i), i, window);
+        }
+        let (older, newer) = contents.hashes.as_slices();
+        assert!(
+            !older.is_empty() && !newer.is_empty(),
+            "the ring has wrapped"
+        );
+        let now = t0 + Duration::from_secs(10);
+        let since = Since::new(now, window);
+        for i in 0..(MAX_DUPLICATE_WINDOW + 600) as u64 {
+            let held = (500..(MAX_DUPLICATE_WINDOW + 500) as u64).contains(&i);
+            assert_eq!(contents.seen(i, since), held, "hash {i}");
+        }
     }
 
     #[test]
@@ -2102,10 +2202,7 @@ mod tests {
 
     /// What `remembered_bytes` should be: counted from the messages held.
     fn remembered_text(w: &WorldState) -> u32 {
-        w.messages
-            .iter()
-            .map(|(id, m)| text_bytes(id) + text_bytes(&m.thread_id))
-            .sum()
+        w.messages.values().map(|m| text_bytes(&m.thread_id)).sum()
     }
 
     #[test]
