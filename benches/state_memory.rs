@@ -20,7 +20,7 @@ use loopguard::clock::SystemClock;
 use loopguard::config::Config;
 use loopguard::envelope::FallbackId;
 use loopguard::judge::Judge;
-use loopguard::metrics::Metrics;
+use loopguard::metrics::{Metrics, Outcome};
 
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -47,8 +47,10 @@ fn child(worlds: u64, turns: u64, threads: bool) {
     c.state.max_worlds = worlds * 2;
     c.state.max_bytes = 1 << 40; // every world held
     if turns > 5 {
-        // Busy worlds: every message approved, so each reaches its caps. A
-        // least weight of 1 KiB, so what the cache weighs is the worlds' own.
+        // Busy worlds: every message approved (checked below), so each
+        // reaches its caps. Room for them all, and a least weight of
+        // `max_bytes / max_worlds` = 1 KiB, far under a busy world's, so
+        // what the cache weighs is the worlds' own footprint.
         c.state.max_worlds = 1 << 20;
         c.state.max_bytes = 1 << 30;
         c.rules.turns.max = 0;
@@ -74,6 +76,7 @@ fn child(worlds: u64, turns: u64, threads: bool) {
     }
     let weight_before = judge.worlds().bytes();
     let before = rss_kib();
+    let mut approved = 0;
     for k in 0..turns {
         for w in 0..worlds {
             let (subject, content) = if k == 4 && turns <= 5 {
@@ -89,12 +92,20 @@ fn child(worlds: u64, turns: u64, threads: bool) {
                 false => String::new(),
             };
             let payload = format!("{{\"id\":\"{w}-{k}\"{thread},\"content\":\"{content}\"}}");
-            judge.decide(
+            let decision = judge.decide(
                 judge.subjects().parse(&subject),
                 payload.as_bytes(),
                 FallbackId::default(),
             );
+            approved += usize::from(decision.is_some_and(|d| d.outcome == Outcome::Approved));
         }
+    }
+    if turns > 5 && approved as u64 != worlds * turns {
+        eprintln!(
+            "busy worlds: {approved} of {} messages approved",
+            worlds * turns
+        );
+        std::process::exit(1);
     }
     let held = judge.worlds().len() - WARM_WORLDS;
     let after = rss_kib();

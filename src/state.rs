@@ -385,7 +385,7 @@ impl WorldState {
             for agent in self.agents.values_mut() {
                 let over = agent.approvals.len().saturating_sub(keep);
                 agent.approvals.drain(..over);
-                agent.approvals.shrink_to(keep + 1);
+                agent.approvals.shrink_to(keep);
             }
         }
         if settings.rules.alternation.max_cycles == 0 {
@@ -639,7 +639,8 @@ impl WorldState {
             let budget = self.settings.rules.budget.max as usize;
             if approved.takes_turn && budget > 0 {
                 let approvals = &mut self.extras_mut().agent_approvals;
-                push_window(approvals, approved.now, MAX_BUDGET_WINDOW);
+                push_window(approvals, approved.now, budget.min(MAX_BUDGET_WINDOW));
+                // A reload may have lowered the budget.
                 while approvals.len() > budget.min(MAX_BUDGET_WINDOW) {
                     approvals.pop_front();
                 }
@@ -2245,7 +2246,7 @@ mod tests {
         let full = w.footprint();
         assert!(
             full - empty > MAX_REMEMBERED * 2 * 256,
-            "{empty} -> {full}: the ids alone are 512 KiB"
+            "{empty} -> {full}: the thread ids and the index's ids alone are 512 KiB"
         );
         let body = |n: usize| ContextEntry {
             agent_sender: None,
