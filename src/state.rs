@@ -681,6 +681,10 @@ impl WorldState {
         count_since(&self.extras().agent_approvals, Since::new(now, window))
     }
 
+    /// Forgets the remembered message with this key, and its thread's index
+    /// entry if that names it. `latest` is left alone: its one caller has
+    /// taken it, and a latest message no longer remembered is what lineage
+    /// treats as none.
     fn forget_message(&mut self, key: u64) {
         if let Some(meta) = self.messages.remove(&key) {
             self.remembered_bytes -= text_bytes(&meta.thread_id);
@@ -694,13 +698,6 @@ impl WorldState {
                     }
                 }
             }
-        }
-        if self
-            .latest
-            .as_deref()
-            .is_some_and(|id| message_key(id) == key)
-        {
-            self.latest = None;
         }
     }
 
