@@ -506,12 +506,14 @@ impl Connection {
 
                 match headers {
                     Some(headers) if !headers.is_empty() => {
-                        let headers = headers.to_bytes();
-
-                        let headers_len = headers.len();
+                        // loopguard patch: the block goes straight into the
+                        // small writes, as `write` would copy it there (or,
+                        // past the threshold, once into a buffer of its own).
+                        let headers_len = headers.wire_len();
                         let total_len = headers_len + payload.len();
                         small_write!("{headers_len} {total_len}\r\n");
-                        self.write(headers);
+                        self.write_buf_len += headers_len;
+                        headers.write_to(&mut self.flattened_writes);
                     }
                     _ => {
                         let payload_len = payload.len();

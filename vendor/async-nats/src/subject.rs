@@ -264,11 +264,24 @@ impl fmt::Display for Subject {
 
 pub trait ToSubject {
     fn to_subject(&self) -> Subject;
+
+    /// The subject, taking `self` (loopguard patch: a publish given an
+    /// owned `String` or `Subject` keeps its bytes instead of copying them).
+    fn into_subject(self) -> Subject
+    where
+        Self: Sized,
+    {
+        self.to_subject()
+    }
 }
 
 impl ToSubject for Subject {
     fn to_subject(&self) -> Subject {
         self.to_owned()
+    }
+
+    fn into_subject(self) -> Subject {
+        self
     }
 }
 
@@ -281,6 +294,10 @@ impl ToSubject for &'static str {
 impl ToSubject for String {
     fn to_subject(&self) -> Subject {
         Subject::from(self.as_str())
+    }
+
+    fn into_subject(self) -> Subject {
+        Subject::from(self)
     }
 }
 
