@@ -1485,11 +1485,13 @@ impl Worlds {
     /// The world's state if it is held, or if a message of it waits for
     /// the policy service; for the admin API, at `now`.
     ///
-    /// Moka has no lookup that leaves its idle clock alone, so this one
-    /// restarts it. A world with no message for `state.idle_seconds`
-    /// (by [`World::used`]) is not found, then, and is taken out of the
-    /// cache: a dashboard that polls a world does not keep it, its pause
-    /// included, past the time the cache would have forgotten it.
+    /// Moka has no lookup that leaves its idle clock and its eviction
+    /// order alone, so this one restarts the clock and makes the world the
+    /// most recently used, as a message would (CONTRACT §9, *Bounds*). A
+    /// world with no message for `state.idle_seconds` (by [`World::used`])
+    /// is not found, then, and is taken out of the cache: a dashboard that
+    /// polls a world does not keep it, its pause included, past the time
+    /// the cache would have forgotten it.
     pub fn get(&self, world: &Name, now: Instant) -> Option<WorldHandle> {
         // The waiting first: an answer puts its world back in the cache
         // before it lets go of it here, so one missed here is in the cache.
