@@ -266,14 +266,16 @@ impl HeaderMap {
         GetAll { inner }
     }
 
+    // loopguard patch: only the tests read it now (a publish uses
+    // `write_to`); sized once.
+    #[cfg(test)]
     pub(crate) fn to_bytes(&self) -> Vec<u8> {
-        // loopguard patch: sized once, written by `write_to`.
         let mut buf = Vec::with_capacity(self.wire_len());
         self.write_to(&mut buf);
         buf
     }
 
-    /// Appends the header block, as [`HeaderMap::to_bytes`] returns it, to
+    /// Appends the header block, as `HeaderMap::to_bytes` returns it, to
     /// `buf` (loopguard patch: a publish writes it straight into the
     /// connection's buffer, with no block of its own to allocate).
     pub(crate) fn write_to(&self, buf: &mut impl bytes::BufMut) {
