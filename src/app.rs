@@ -226,7 +226,7 @@ pub async fn run(
             match intake {
                 Intake::Core(raw, join) => {
                     ingest::core::run(raw, join, &dispatcher, stopped()).await;
-                    Ok(())
+                    Ok(None)
                 }
                 Intake::JetStream(messages) => {
                     // Not ready from the reopening (at most 2 s after
@@ -254,14 +254,18 @@ pub async fn run(
                         stopped(),
                     )
                     .await
+                    .map(Some)
                 }
             }
         };
         // Workers end only once intake has: one that ends before (a
         // panic) ends loopguard, rather than leave its worlds undecided.
-        let mut intake = tokio::select! {
+        let (mut intake, pulled) = match tokio::select! {
             intake = intake => intake,
             Some(ended) = workers.next() => Err(worker_failed(ended, "")),
+        } {
+            Ok(pulled) => (Ok(()), pulled),
+            Err(e) => (Err(e), None),
         };
         if let Err(e) = &intake {
             let _ = failure.set(e.to_string());
@@ -277,6 +281,13 @@ pub async fn run(
                 let _ = failure.set(e.to_string());
                 intake = Err(e);
             }
+        }
+        // JetStream: what the intake pulled and no worker took goes back
+        // only now, after what the workers handed back undecided (when the
+        // grace period ran out), which came before it: the server delivers
+        // them again in that order.
+        if let Some(pulled) = pulled {
+            pulled.hand_back().await;
         }
         tracing::info!("shutdown: flushing");
         if let Err(e) = publisher.flush().await {
@@ -325,8 +336,9 @@ pub async fn run(
 }
 
 /// How long, past the grace period, the workers may take to hand back what
-/// they have not decided (and the intake what it pulled): the intake's
-/// hand-back alone may take a second (see `ingest::jetstream::hand_back`).
+/// they have not decided (and the intake, after them, what it pulled): the
+/// intake's hand-back alone may take a second (see
+/// `ingest::jetstream::Pulled::hand_back`).
 /// `main` then gives tasks still running one more.
 const HAND_BACK_BOUND: Duration = Duration::from_secs(2);
 

@@ -786,6 +786,79 @@ async fn when_the_grace_period_runs_out_the_undecided_messages_are_handed_back()
     a_second_run_finishes_all(&nats, &js, &config, N as u64).await;
 }
 
+/// When the grace period runs out with a world's messages both held by its
+/// worker (one waiting for the policy service, the rest behind it and in
+/// the worker's queue) and pulled but not yet taken (in the intake), the
+/// worker's go back first: the server delivers them again in the order
+/// they came, the intake's after them, so the next run decides the world's
+/// messages in order. Until 2026-11-23 the intake handed its own back at
+/// the signal: due a second before the worker's, they came back first.
+#[tokio::test]
+async fn messages_left_undecided_when_the_grace_period_runs_out_come_back_in_order() {
+    const TAKEN: usize = loopguard::ingest::MAX_PARKED + loopguard::ingest::WORKER_QUEUE;
+    const N: usize = TAKEN + 1000;
+    let nats = NatsServer::start_jetstream();
+    let (client, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    // Never answers: the question outlasts the grace period (1 s).
+    let _open = held_policy_service(&client).await;
+    let config = held_policy_config(1, 120);
+    let mut first = Loopguard::spawn(&nats.url(), &config);
+    until_ready(&first).await;
+    publish_each(&js, 0..N, held_world_subject).await;
+    within("the pull to deliver past the worker's queue", async {
+        while ingest_consumer(&js).await.num_ack_pending < TAKEN + 250 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    first.signal("TERM");
+    assert_eq!(first.exited().await.code(), Some(0), "{}", first.logs());
+    let logs = first.logs();
+    let handed_back = |what: &str| {
+        let line = logs
+            .lines()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no {what:?} in {logs}"));
+        field(line, "handed_back")
+    };
+    let by_workers = handed_back("left undecided when the grace period ran out");
+    let by_intake = handed_back("handed back for redelivery");
+    assert!(by_intake > 0, "the intake held nothing: {logs}");
+
+    // The redeliveries, read as a next run's pull would read them once the
+    // last hand-back is due (a second after the server got it, which the
+    // exit's flush confirmed): a pull any sooner gets the messages never
+    // delivered first. What was still on its way at the signal comes back
+    // only after ack_wait.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stream = within("get stream", js.get_stream("LOOPGUARD_INGEST"))
+        .await
+        .expect("ingest stream");
+    let consumer: jetstream::consumer::PullConsumer =
+        within("get consumer", stream.get_consumer("loopguard"))
+            .await
+            .expect("consumer");
+    let mut messages = within("pull", consumer.messages()).await.expect("pull");
+    let mut sequences = Vec::new();
+    within("the handed-back messages to come again", async {
+        while sequences.len() < by_workers + by_intake {
+            let m = messages.next().await.expect("a message").expect("no error");
+            sequences.push(m.info().expect("delivery info").stream_sequence);
+        }
+    })
+    .await;
+    let out_of_order = sequences.windows(2).position(|w| w[0] >= w[1]);
+    assert_eq!(
+        out_of_order,
+        None,
+        "{by_workers} from the workers, {by_intake} from the intake, first {:?}",
+        &sequences[..8]
+    );
+    // The worker's first: the agent's message that asked (the 4th).
+    assert_eq!(sequences[0], 4);
+}
+
 /// Messages a run left undecided come back to the next as redeliveries, of
 /// which that run holds no first delivery: past a world's share (64) held
 /// back behind a policy request, its agents' are rejected for the backlog as

@@ -587,8 +587,9 @@ impl PullError {
     }
 }
 
-/// Pulls messages until `stop` resolves. What was pulled but not yet handed
-/// to a worker is handed back (see [`hand_back`]).
+/// Pulls messages until `stop` resolves, and returns what was pulled but
+/// not yet handed to a worker, for the caller to hand back once the workers
+/// have handed back theirs (see [`Pulled::hand_back`]).
 ///
 /// When the server ends the pull (the consumer was deleted) or stops
 /// answering it (see [`PullError::Lost`]), `reopen` sets the stream and the
@@ -610,7 +611,7 @@ pub async fn run<E: From<JetStreamError>>(
     config: &JetStreamConfig,
     subjects: &Subjects,
     stop: impl std::future::Future<Output = ()>,
-) -> Result<(), E> {
+) -> Result<Pulled, E> {
     let (raw, join) = (subjects.raw_wildcard(), subjects.join_wildcard());
     let (raw, join) = (raw.trim_end_matches('>'), join.trim_end_matches('>'));
     let stream = config.stream.as_str();
@@ -702,8 +703,12 @@ pub async fn run<E: From<JetStreamError>>(
         };
         // Dropped before opening again: the old pull could still take a
         // batch that no one would read until `ack_wait` brings it back.
-        let handed_back = hand_back(messages).await;
-        let Some(why) = why else { break };
+        let pulled = Pulled::take(messages);
+        let Some(why) = why else {
+            tracing::info!("shutdown: intake stopped");
+            return Ok(pulled);
+        };
+        let handed_back = pulled.hand_back().await;
         tracing::warn!(reason = %why, "JetStream consumer lost; opening the consumer again");
         // Not before what was handed back is due again: a new pull any
         // sooner would get the messages after them first, a world's later
@@ -719,67 +724,83 @@ pub async fn run<E: From<JetStreamError>>(
         seen_before = highest;
     }
     tracing::info!("shutdown: intake stopped");
-    Ok(())
+    Ok(Pulled::default())
 }
 
-/// Ends a pull and hands back what it brought in that no worker got: the
-/// messages the client already holds are taken without waiting, the pull is
-/// dropped (the server sends it nothing more), then each is nak'ed with
-/// [`HAND_BACK_DELAY`], so the server delivers it again a second later, not
-/// after `ack_wait`. A pull that starts after that second gets them ahead
-/// of later messages, so a world's messages stay in order across a restart
-/// or a reopen (which waits for it; a pull already running elsewhere can
-/// get later ones first). Messages still on their way when the pull is
-/// dropped come back after `ack_wait`, as do those of a nak the server does
-/// not get. With more than one runtime thread, taking the held messages can
-/// let the pull ask for a batch before it is dropped, which the server may
-/// send to the dropped pull: that batch too comes back after `ack_wait`.
-/// Returns when the naks were handed to the client, if there were any:
-/// the reopen waits until they are due.
-async fn hand_back(mut messages: pull::Stream) -> Option<tokio::time::Instant> {
-    let (mut held, mut errors) = (Vec::new(), 0);
-    loop {
-        // Unconstrained: the task's cooperative budget, spent, would make
-        // the subscription look empty with messages still in it.
-        match tokio::task::unconstrained(messages.next()).now_or_never() {
-            Some(Some(Ok(m))) => held.push(m),
-            // A status the pull reports (a heartbeat missed, say): what
-            // follows it may still be messages.
-            Some(Some(Err(_))) if errors < HAND_BACK_MAX_ERRORS => errors += 1,
-            _ => break,
-        }
-    }
-    drop(messages);
-    if held.is_empty() {
-        return None;
-    }
-    let mut handed_back = 0usize;
-    // Bounded (by the same second, short against the grace period): with
-    // the connection gone the client's queue can fill, and a shutdown or a
-    // reopen should not wait on it.
-    let nak_all = async {
-        for m in &held {
-            if let Err(e) = m.ack_with(AckKind::Nak(Some(HAND_BACK_DELAY))).await {
-                tracing::warn!(error = %e, "could not hand back a message; it comes back after ack_wait");
-                break;
+/// What a pull brought in that no worker got, taken from the pull as it
+/// ends. [`Pulled::hand_back`] gives it back to the server.
+#[derive(Default)]
+pub struct Pulled(Vec<jetstream::Message>);
+
+impl Pulled {
+    /// Ends a pull: the messages the client already holds are taken
+    /// without waiting, then the pull is dropped (the server sends it
+    /// nothing more). Messages still on their way then come back after
+    /// `ack_wait`. With more than one runtime thread, taking the held
+    /// messages can let the pull ask for a batch before it is dropped,
+    /// which the server may send to the dropped pull: that batch too comes
+    /// back after `ack_wait`.
+    fn take(mut messages: pull::Stream) -> Pulled {
+        let (mut held, mut errors) = (Vec::new(), 0);
+        loop {
+            // Unconstrained: the task's cooperative budget, spent, would
+            // make the subscription look empty with messages still in it.
+            match tokio::task::unconstrained(messages.next()).now_or_never() {
+                Some(Some(Ok(m))) => held.push(m),
+                // A status the pull reports (a heartbeat missed, say): what
+                // follows it may still be messages.
+                Some(Some(Err(_))) if errors < HAND_BACK_MAX_ERRORS => errors += 1,
+                _ => break,
             }
-            handed_back += 1;
         }
-    };
-    if tokio::time::timeout(HAND_BACK_DELAY, nak_all)
-        .await
-        .is_err()
-    {
-        tracing::warn!("handing back took too long; the rest come back after ack_wait");
+        Pulled(held)
     }
-    tracing::info!(
-        handed_back,
-        held = held.len(),
-        "messages pulled but not given to a worker handed back for redelivery"
-    );
-    // The last nak is due a second after the server gets it: counted from
-    // here, after the last was queued (which may take up to that second).
-    Some(tokio::time::Instant::now())
+
+    /// Hands each message back (a nak with [`HAND_BACK_DELAY`]), so the
+    /// server delivers it again a second later, not after `ack_wait`. A pull
+    /// that starts after that second gets them ahead of later messages (a
+    /// pull already running elsewhere can get later ones first). So a
+    /// world's messages stay in order across a reopen, which waits for it,
+    /// and across a restart: on shutdown `app` hands these back only once
+    /// the workers have handed back what they held undecided (when the
+    /// grace period ran out), which came before them. Messages whose nak
+    /// the server does not get come back after `ack_wait`. Returns when
+    /// the naks were handed to the client, if there were any: a reopen
+    /// waits until they are due.
+    pub async fn hand_back(self) -> Option<tokio::time::Instant> {
+        let held = self.0;
+        if held.is_empty() {
+            return None;
+        }
+        let mut handed_back = 0usize;
+        // Bounded (by the same second, short against the grace period):
+        // with the connection gone the client's queue can fill, and a
+        // shutdown or a reopen should not wait on it.
+        let nak_all = async {
+            for m in &held {
+                if let Err(e) = m.ack_with(AckKind::Nak(Some(HAND_BACK_DELAY))).await {
+                    tracing::warn!(error = %e, "could not hand back a message; it comes back after ack_wait");
+                    break;
+                }
+                handed_back += 1;
+            }
+        };
+        if tokio::time::timeout(HAND_BACK_DELAY, nak_all)
+            .await
+            .is_err()
+        {
+            tracing::warn!("handing back took too long; the rest come back after ack_wait");
+        }
+        tracing::info!(
+            handed_back,
+            held = held.len(),
+            "messages pulled but not given to a worker handed back for redelivery"
+        );
+        // The last nak is due a second after the server gets it: counted
+        // from here, after the last was queued (which may take up to that
+        // second).
+        Some(tokio::time::Instant::now())
+    }
 }
 
 /// Messages a pull asks for at a time: async-nats's default, unless
@@ -798,11 +819,11 @@ const PULL_HEARTBEAT: Duration = Duration::from_secs(15);
 pub(super) const HAND_BACK_DELAY: Duration = Duration::from_secs(1);
 
 /// How long past [`HAND_BACK_DELAY`] a reopened pull waits, for the naks'
-/// way to the server (queued by the time `hand_back` returns, sent by the
-/// client's connection after it).
+/// way to the server (queued by the time [`Pulled::hand_back`] returns,
+/// sent by the client's connection after it).
 const HAND_BACK_MARGIN: Duration = Duration::from_millis(250);
 
-/// Errors [`hand_back`] reads past while taking what the pull holds.
+/// Errors [`Pulled::take`] reads past while taking what the pull holds.
 const HAND_BACK_MAX_ERRORS: usize = 16;
 
 #[cfg(test)]
