@@ -683,30 +683,14 @@ async fn sigterm_under_load_leaves_the_rest_for_redelivery_and_exits_within_the_
 /// once cut the hand-back short.
 #[tokio::test]
 async fn sigterm_hands_back_what_no_worker_took_for_prompt_redelivery() {
-    // What the worker holds back behind the world's policy request, then
-    // its queue.
-    const TAKEN: usize = loopguard::ingest::MAX_PARKED + loopguard::ingest::WORKER_QUEUE;
-    const N: usize = TAKEN + 1000;
-    let nats = NatsServer::start_jetstream();
-    let (client, js) = connect(&nats).await;
-    egress_stream(&js).await;
-    let open = held_policy_service(&client).await;
-    let config = held_policy_config(45, 120);
-    let mut first = Loopguard::spawn(&nats.url(), &config);
-    until_ready(&first).await;
-    // One world (see `held_world_subject`). The worker asks
-    // about message 4 and holds back 5 to 1028 behind it, then takes no
-    // more: its queue holds 1029 to 5124; the intake waits to hand it 5125,
-    // just after the pull asked for 200 more (the client asks when no more
-    // than 100 of what it asked for are still to come).
-    publish_each(&js, 0..N, held_world_subject).await;
-    // The worker's queue is full, and the client holds much of the rest.
-    within("the pull to deliver past the worker's queue", async {
-        while ingest_consumer(&js).await.num_ack_pending < TAKEN + 250 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    const N: usize = HELD_PAST_THE_QUEUE;
+    let HeldRun {
+        nats,
+        js,
+        open,
+        config,
+        lg: mut first,
+    } = held_past_the_worker_s_queue(45).await;
     first.signal("TERM");
     first.until_logged("shutdown", 1).await;
     let _ = open.send(());
@@ -795,23 +779,15 @@ async fn when_the_grace_period_runs_out_the_undecided_messages_are_handed_back()
 /// the signal: due a second before the worker's, they came back first.
 #[tokio::test]
 async fn messages_left_undecided_when_the_grace_period_runs_out_come_back_in_order() {
-    const TAKEN: usize = loopguard::ingest::MAX_PARKED + loopguard::ingest::WORKER_QUEUE;
-    const N: usize = TAKEN + 1000;
-    let nats = NatsServer::start_jetstream();
-    let (client, js) = connect(&nats).await;
-    egress_stream(&js).await;
-    // Never answers: the question outlasts the grace period (1 s).
-    let _open = held_policy_service(&client).await;
-    let config = held_policy_config(1, 120);
-    let mut first = Loopguard::spawn(&nats.url(), &config);
-    until_ready(&first).await;
-    publish_each(&js, 0..N, held_world_subject).await;
-    within("the pull to deliver past the worker's queue", async {
-        while ingest_consumer(&js).await.num_ack_pending < TAKEN + 250 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    // The service answers no one while this run lasts (`_open` is held):
+    // its question outlasts the grace period.
+    let HeldRun {
+        nats: _nats,
+        js,
+        open: _open,
+        lg: mut first,
+        ..
+    } = held_past_the_worker_s_queue(1).await;
     first.signal("TERM");
     assert_eq!(first.exited().await.code(), Some(0), "{}", first.logs());
     let logs = first.logs();
@@ -1108,6 +1084,55 @@ fn held_policy_config(grace_seconds: u64, ack_wait_seconds: u64) -> String {
         "ack_wait_seconds = 2",
         &format!("ack_wait_seconds = {ack_wait_seconds}"),
     )
+}
+
+/// Messages [`held_past_the_worker_s_queue`] publishes: what the worker
+/// holds back behind its world's policy request, its queue, and 1,000 more.
+const HELD_PAST_THE_QUEUE: usize =
+    loopguard::ingest::MAX_PARKED + loopguard::ingest::WORKER_QUEUE + 1000;
+
+/// A run of loopguard holding one world's messages past its worker's
+/// queue, and what it runs against.
+struct HeldRun {
+    nats: NatsServer,
+    js: jetstream::Context,
+    /// Opens [`held_policy_service`] (so does dropping it).
+    open: tokio::sync::oneshot::Sender<()>,
+    config: String,
+    lg: Loopguard,
+}
+
+/// Starts loopguard in JetStream mode with the policy hook on
+/// [`held_policy_service`] (`ack_wait` 120 s) and the grace period given,
+/// and publishes [`HELD_PAST_THE_QUEUE`] messages of one world (see
+/// [`held_world_subject`]). The worker asks about message 4 and holds back
+/// 5 to 1028 behind it, then takes no more: its queue holds 1029 to 5124;
+/// the intake waits to hand it 5125, just after the pull asked for 200 more
+/// (the client asks when no more than 100 of what it asked for are still
+/// to come). Returns once the pull's client holds much of the rest.
+async fn held_past_the_worker_s_queue(grace_seconds: u64) -> HeldRun {
+    const TAKEN: usize = loopguard::ingest::MAX_PARKED + loopguard::ingest::WORKER_QUEUE;
+    let nats = NatsServer::start_jetstream();
+    let (client, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    let open = held_policy_service(&client).await;
+    let config = held_policy_config(grace_seconds, 120);
+    let lg = Loopguard::spawn(&nats.url(), &config);
+    until_ready(&lg).await;
+    publish_each(&js, 0..HELD_PAST_THE_QUEUE, held_world_subject).await;
+    within("the pull to deliver past the worker's queue", async {
+        while ingest_consumer(&js).await.num_ack_pending < TAKEN + 250 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    HeldRun {
+        nats,
+        js,
+        open,
+        config,
+        lg,
+    }
 }
 
 /// One world, so one worker: three humans' messages (the policy is not
