@@ -260,7 +260,10 @@ pub async fn run(
         };
         // Workers end only once intake has: one that ends before (a
         // panic) ends loopguard, rather than leave its worlds undecided.
+        // Intake first: when both end at once, what it pulled is kept for
+        // its hand-back, and the worker's end is seen below.
         let (mut intake, pulled) = match tokio::select! {
+            biased;
             intake = intake => intake,
             Some(ended) = workers.next() => Err(worker_failed(ended, "")),
         } {
@@ -285,7 +288,9 @@ pub async fn run(
         // JetStream: what the intake pulled and no worker took goes back
         // only now, after what the workers handed back undecided (when the
         // grace period ran out), which came before it: the server delivers
-        // them again in that order.
+        // them again in that order. A drain cut short past the grace period
+        // (`HAND_BACK_BOUND`) never gets here: those come back after
+        // `ack_wait`, as what the workers still hold does.
         if let Some(pulled) = pulled {
             pulled.hand_back().await;
         }
@@ -336,9 +341,8 @@ pub async fn run(
 }
 
 /// How long, past the grace period, the workers may take to hand back what
-/// they have not decided (and the intake, after them, what it pulled): the
-/// intake's hand-back alone may take a second (see
-/// `ingest::jetstream::Pulled::hand_back`).
+/// they have not decided and the intake, after them, what it pulled (which
+/// alone may take a second: see `ingest::jetstream::Pulled::hand_back`).
 /// `main` then gives tasks still running one more.
 const HAND_BACK_BOUND: Duration = Duration::from_secs(2);
 

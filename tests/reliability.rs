@@ -674,8 +674,9 @@ async fn sigterm_under_load_leaves_the_rest_for_redelivery_and_exits_within_the_
 }
 
 /// Messages the pull brought in but no worker took when SIGTERM came are
-/// handed back (nak'ed), so the next run gets them within seconds, not after
-/// `ack_wait` (two minutes here, past the test's wait). The intake is held
+/// handed back (nak'ed) once the workers are done, so the next run gets
+/// them within seconds, not after `ack_wait` (two minutes here, past the
+/// test's wait). The intake is held
 /// by a policy service that answers only after the signal: the world's
 /// messages wait behind an agent's, until the worker holds as many as it
 /// may; its queue fills, and the pull's next messages stay in the client:
@@ -746,7 +747,7 @@ async fn when_the_grace_period_runs_out_the_undecided_messages_are_handed_back()
         .find(|l| l.contains("left undecided when the grace period ran out"))
         .unwrap_or_else(|| panic!("no count of what was left: {logs}"));
     // What the pull still held at the signal, if anything, the intake
-    // handed back then.
+    // handed back after the workers.
     let by_intake = logs
         .lines()
         .find(|l| l.contains("handed back for redelivery"))
@@ -775,8 +776,10 @@ async fn when_the_grace_period_runs_out_the_undecided_messages_are_handed_back()
 /// the worker's queue) and pulled but not yet taken (in the intake), the
 /// worker's go back first: the server delivers them again in the order
 /// they came, the intake's after them, so the next run decides the world's
-/// messages in order. Until 2026-11-23 the intake handed its own back at
-/// the signal: due a second before the worker's, they came back first.
+/// messages in order. Until 2026-11-23 the intake handed its own back as
+/// soon as it saw the signal: here, where it waits to hand the full worker
+/// a message, as the grace period freed room in its queue, so its naks
+/// came among the worker's and the server delivered them out of order.
 #[tokio::test]
 async fn messages_left_undecided_when_the_grace_period_runs_out_come_back_in_order() {
     // The service answers no one while this run lasts (`_open` is held):
@@ -798,6 +801,9 @@ async fn messages_left_undecided_when_the_grace_period_runs_out_come_back_in_ord
             .unwrap_or_else(|| panic!("no {what:?} in {logs}"));
         field(line, "handed_back")
     };
+    // The drain finished within its bound past the grace period: so the
+    // intake's hand-back ran too.
+    assert!(logs.contains("finished=true"), "{logs}");
     let by_workers = handed_back("left undecided when the grace period ran out");
     let by_intake = handed_back("handed back for redelivery");
     assert!(by_intake > 0, "the intake held nothing: {logs}");
