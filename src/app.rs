@@ -152,6 +152,20 @@ pub async fn run(
                 captured = families;
                 max_ack_pending = max_ack_pending.max(messages.max_ack_pending);
                 ack_wait = ack_wait.min(messages.ack_wait);
+                // A drain holds what it has not settled for the grace
+                // period and up to 3 s more (`HAND_BACK_BOUND`, then
+                // `main`'s second): past `ack_wait` the server delivers it
+                // again on its own, ahead of what is handed back.
+                let drain = Duration::from_secs(config.shutdown.grace_seconds)
+                    + HAND_BACK_BOUND
+                    + Duration::from_secs(1);
+                if ack_wait <= drain {
+                    tracing::warn!(
+                        ack_wait_seconds = ack_wait.as_secs(),
+                        grace_seconds = config.shutdown.grace_seconds,
+                        "the consumer's ack wait is no longer than a shutdown's drain (the grace period and 3 s): messages still held when loopguard stops can be delivered again before those it hands back, a world's later ones first"
+                    );
+                }
                 Intake::JetStream(Box::new(messages))
             }
             None => {

@@ -698,6 +698,10 @@ async fn sigterm_hands_back_what_no_worker_took_for_prompt_redelivery() {
     let status = first.exited().await;
     assert_eq!(status.code(), Some(0), "{}", first.logs());
     let logs = first.logs();
+    assert!(
+        !logs.contains("no longer than a shutdown's drain"),
+        "ack_wait 120 s is longer than a drain of 45 + 3 s: {logs}"
+    );
     let line = logs
         .lines()
         .find(|l| l.contains("handed back for redelivery"))
@@ -1203,6 +1207,20 @@ async fn an_existing_consumer_with_other_settings_is_named_in_a_warning() {
     let lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
     until_ready(&lg).await;
     lg.until_logged("keeps its own ack_wait", 1).await;
+}
+
+/// A consumer whose ack wait is no longer than a shutdown's drain (the
+/// grace period, 10 s by default, and 3 s) is named in a warning at
+/// start-up: what a drain still holds can come back before what it hands
+/// back. (A longer one is not: see
+/// `sigterm_hands_back_what_no_worker_took_for_prompt_redelivery`.)
+#[tokio::test]
+async fn an_ack_wait_no_longer_than_a_drain_is_named_in_a_warning() {
+    let nats = NatsServer::start_jetstream();
+    let lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
+    until_ready(&lg).await;
+    lg.until_logged("no longer than a shutdown's drain", 1)
+        .await;
 }
 
 /// A publisher may write a status line into its header block (`NATS/1.0
