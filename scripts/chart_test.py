@@ -236,7 +236,9 @@ def main():
                 "auth.natsNkeySeed=SUAB,auth.credentialsSecret=creds", "auth.natsNkeySeed=UAB",
                 "serviceMonitor.interval=", "serviceMonitor.interval=1m30", "serviceMonitor.interval=30s5",
                 # a client certificate needs the Secret it comes from; a pull secret needs a name
-                "auth.tlsClientCertificate=true", "imagePullSecrets[0].nam=regcred"]:
+                "auth.tlsClientCertificate=true", "imagePullSecrets[0].nam=regcred",
+                # a bare word that is no level (loopguard reads it as a target and logs nothing else)
+                "config.log.level=warning", "config.log.level=info\\,async_nats"]:
         p = helm("template", "lg", CHART, "--set", bad, expect_ok=False)
         if p.returncode == 0:
             fail(f"the schema accepted --set {bad}")
@@ -246,7 +248,8 @@ def main():
                  "serviceMonitor.interval=500ms", "global.imageRegistry=registry.example", "enabled=true",
                  "terminationGraceExtraSeconds=4", "config.http.address=::",
                  "config.rules.turns.max=4294967295", "auth.tlsClientCertificate=true,auth.tlsSecret=tls",
-                 "imagePullSecrets[0].name=regcred", "prometheusRule.sharedAlerts=false"]:
+                 "imagePullSecrets[0].name=regcred", "prometheusRule.sharedAlerts=false",
+                 "config.log.level=WARN", "config.log.level=info\\,async_nats=debug"]:
         p = helm("template", "lg", CHART, "--set", good, expect_ok=False)
         if p.returncode != 0:
             fail(f"the schema refused --set {good}: {p.stderr}")
