@@ -153,12 +153,11 @@ pub async fn run(
                 max_ack_pending = max_ack_pending.max(messages.max_ack_pending);
                 ack_wait = ack_wait.min(messages.ack_wait);
                 // A drain holds what it has not settled for the grace
-                // period and up to 3 s more (`HAND_BACK_BOUND`, then
-                // `main`'s second): past `ack_wait` the server delivers it
-                // again on its own, ahead of what is handed back.
+                // period and up to 3 s more: past `ack_wait` the server
+                // delivers it again on its own, ahead of what is handed back.
                 let drain = Duration::from_secs(config.shutdown.grace_seconds)
                     + HAND_BACK_BOUND
-                    + Duration::from_secs(1);
+                    + RUNTIME_STOP_BOUND;
                 if ack_wait <= drain {
                     tracing::warn!(
                         ack_wait_seconds = ack_wait.as_secs(),
@@ -357,8 +356,13 @@ pub async fn run(
 /// How long, past the grace period, the workers may take to hand back what
 /// they have not decided and the intake, after them, what it pulled (which
 /// alone may take a second: see `ingest::jetstream::Pulled::hand_back`).
-/// `main` then gives tasks still running one more.
+/// `main` then gives tasks still running [`RUNTIME_STOP_BOUND`].
 const HAND_BACK_BOUND: Duration = Duration::from_secs(2);
+
+/// How long `main` gives tasks still running when `run` returns (a DNS
+/// lookup for a server that does not answer), so the exit is not held past
+/// the grace period.
+pub const RUNTIME_STOP_BOUND: Duration = Duration::from_secs(1);
 
 /// The error for a worker that ended before intake did, or failed
 /// (`when`: while shutting down).

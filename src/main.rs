@@ -122,9 +122,7 @@ fn main() -> ExitCode {
         },
         Some(reload),
     ));
-    // Tasks still running (a DNS lookup for a server that does not answer)
-    // get a second, so the exit is not held past the grace period.
-    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    runtime.shutdown_timeout(loopguard::app::RUNTIME_STOP_BOUND);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
