@@ -603,6 +603,21 @@ async fn check_max_payload(
     }
 }
 
+/// The subject a server's `Permissions Violation for Publish to "S"`
+/// error names.
+fn refused_subject(error: &str) -> Option<&str> {
+    let (_, rest) = error.split_once("Publish to \"")?;
+    Some(rest.split_once('"').map_or(rest, |(subject, _)| subject))
+}
+
+/// Whether a refused publish to `subject` leaves JetStream intake stuck: an
+/// acknowledgement (nothing is finished) or a pull (nothing comes in).
+/// Set-up calls (`$JS.API.STREAM.…`, `CONSUMER.CREATE`) are retried
+/// instead, and loopguard is not ready until they succeed.
+fn stops_jetstream(subject: &str) -> bool {
+    subject.starts_with("$JS.ACK.") || subject.starts_with("$JS.API.CONSUMER.MSG.NEXT.")
+}
+
 /// Connects with unbounded retries, from the first attempt on: a NATS
 /// server that is not up yet must not stop loopguard (contract §6).
 async fn connect(
@@ -614,8 +629,8 @@ async fn connect(
     let was_connected = Arc::new(AtomicBool::new(false));
     let m = metrics.clone();
     let readiness = readiness.clone();
-    // How a refused publish of loopguard's own output begins.
-    let egress: Arc<str> = format!("Publish to \"{}.", config.nats.prefix).into();
+    // What a refused publish of loopguard's own output goes to.
+    let subjects = Arc::new(crate::subject::Subjects::new(&config.nats.prefix));
     let options = async_nats::ConnectOptions::new()
         .name("loopguard")
         // Every subject loopguard publishes or sends a request to is built
@@ -632,7 +647,7 @@ async fn connect(
             let m = m.clone();
             let was_connected = was_connected.clone();
             let readiness = readiness.clone();
-            let egress = egress.clone();
+            let subjects = subjects.clone();
             async move {
                 match event {
                     async_nats::Event::Connected => {
@@ -678,22 +693,26 @@ async fn connect(
                         readiness.refused();
                         tracing::error!(error = %e, "the server refused a subscription: loopguard takes nothing in on it and stays unready; grant it, then restart loopguard");
                     }
-                    // A copy or event: an output not sent. An acknowledgement
-                    // or a pull (JetStream): nothing is finished or comes in,
-                    // so not ready. Anything else (a policy request): logged.
+                    // A copy, notice or event: an output not sent. An
+                    // acknowledgement or a pull (JetStream): nothing is
+                    // finished or comes in, so not ready until a restart.
+                    // Anything else (a policy request, which fails as the
+                    // service's silence does; a JetStream set-up call, which
+                    // is retried): logged.
                     async_nats::Event::ServerError(async_nats::ServerError::Other(e))
                         if e.starts_with("Permissions Violation for Publish") =>
                     {
-                        if e.contains(&*egress) {
+                        let subject = refused_subject(&e);
+                        if subject.is_some_and(|s| subjects.is_egress(s)) {
                             m.dropped(
                                 DropReason::PublishError,
                                 &format_args!("the server refused a publish: {e}"),
                             )
+                        } else if subject.is_some_and(stops_jetstream) {
+                            readiness.refused();
+                            tracing::error!(error = %e, "the server refused a publish loopguard needs: it stays unready; grant it, then restart loopguard");
                         } else {
-                            if e.contains("\"$JS.") {
-                                readiness.refused();
-                            }
-                            tracing::error!(error = %e, "the server refused a publish loopguard needs; grant it, then restart loopguard");
+                            tracing::error!(error = %e, "the server refused a publish loopguard needs; grant it");
                         }
                     }
                     async_nats::Event::ClientError(e) => m.client_error(&e),

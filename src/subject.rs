@@ -110,6 +110,28 @@ impl Subjects {
         ["public.*", "private.*.*", "events.*"].map(|family| format!("{}.{family}", self.prefix))
     }
 
+    /// Whether `subject` is of one of the families [`egress_wildcards`]
+    /// names (any tokens; a policy subject beside them under the prefix,
+    /// `P.policy.check`, is not).
+    ///
+    /// [`egress_wildcards`]: Subjects::egress_wildcards
+    pub fn is_egress(&self, subject: &str) -> bool {
+        let Some(rest) = subject
+            .strip_prefix(self.prefix.as_str())
+            .and_then(|r| r.strip_prefix('.'))
+        else {
+            return false;
+        };
+        let tokens: Vec<&str> = rest.split('.').collect();
+        if tokens.iter().any(|t| t.is_empty()) {
+            return false;
+        }
+        matches!(
+            tokens[..],
+            ["public", _] | ["private", _, _] | ["events", _]
+        )
+    }
+
     pub fn public(&self, world: &Name) -> String {
         self.build(".public.", world, None)
     }
@@ -262,6 +284,28 @@ mod tests {
                 }
                 other => panic!("{subject}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn egress_is_exactly_the_three_families_under_the_prefix() {
+        for subject in ["chat.public.w", "chat.private.w.a", "chat.events.w"] {
+            assert!(s().is_egress(subject), "{subject}");
+        }
+        for subject in [
+            // A policy subject may sit beside them (contract §9).
+            "chat.policy.check",
+            "chat.publicity.w",
+            "chat.public",
+            "chat.public.w.x",
+            "chat.private.w",
+            "chat.events..w",
+            "chat.raw.w.agent.a",
+            "chatter.public.w",
+            "other.public.w",
+            "$JS.ACK.s.c.1.1.1.1.0",
+        ] {
+            assert!(!s().is_egress(subject), "{subject}");
         }
     }
 

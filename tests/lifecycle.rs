@@ -519,6 +519,118 @@ async fn a_subscription_the_server_refuses_leaves_loopguard_unready() {
     assert!(lg.logs().contains("chat.raw.>"), "{}", lg.logs());
 }
 
+/// A policy request the server's permissions refuse is logged as such (the
+/// message then fails as with a silent service), and is not counted as a
+/// lost output, though its subject is under the prefix: only refused
+/// copies, notices and events are (here the events, refused as well).
+#[tokio::test]
+async fn a_refused_policy_request_under_the_prefix_is_logged_not_counted_as_a_drop() {
+    use futures::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("nats.conf");
+    std::fs::write(
+        &conf,
+        "authorization { users = [\n\
+         { user: lg, password: pw, permissions: { publish: { deny: [\"chat.policy.>\", \"chat.events.>\"] } } }\n\
+         { user: t, password: pw }\n] }\n",
+    )
+    .unwrap();
+    let nats = NatsServer::start_with(&["-c", conf.to_str().unwrap()]);
+    let lg = Loopguard::spawn_env(
+        &nats.url(),
+        "[rules.policy]\nsubject = \"chat.policy.check\"\ntimeout_ms = 200\nfail = \"open\"\n",
+        &[
+            ("LOOPGUARD__NATS__USER", "lg"),
+            ("LOOPGUARD__NATS__PASSWORD", "pw"),
+        ],
+    );
+    until_ready(&lg).await;
+    let client = within(
+        "test client",
+        async_nats::ConnectOptions::with_user_and_password("t".into(), "pw".into())
+            .connect(nats.url()),
+    )
+    .await
+    .expect("test client connects");
+    let mut transcript = client.subscribe("chat.public.w").await.unwrap();
+    within("subscribed", client.flush()).await.unwrap();
+    client
+        .publish("chat.raw.w.agent.a", "hello".into())
+        .await
+        .unwrap();
+    // Unchecked (`fail = "open"`) once the request times out.
+    within("the copy", transcript.next()).await.expect("a copy");
+    let addr = lg.http_addr().await;
+    // The event's refusal comes after the request's: once it is counted,
+    // the request's refusal has been handled as well.
+    let refused = within("the event's refusal counted", async {
+        loop {
+            let scrape = support::Scrape::take(&addr).await;
+            let n = scrape.get("loopguard_dropped_total", &[("reason", "publish_error")]);
+            if n > 0.0 {
+                return n;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(refused, 1.0, "the event alone\n{}", lg.logs());
+    let logs = lg.logs();
+    assert!(
+        logs.contains("the server refused a publish loopguard needs")
+            && logs.contains("chat.policy.check"),
+        "{logs}"
+    );
+    let scrape = support::Scrape::take(&addr).await;
+    assert_eq!(
+        scrape.get("loopguard_policy_requests_total", &[("outcome", "timeout")]),
+        1.0
+    );
+}
+
+/// A JetStream set-up call the server's permissions refuse (here the
+/// stream list `egress_acks` reads) keeps loopguard unready while it is
+/// retried, and no longer once the permission is granted: unlike a refused
+/// pull or acknowledgement, no restart is needed.
+#[tokio::test]
+async fn a_refused_jetstream_set_up_call_is_retried_until_granted() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("nats.conf");
+    let store = tempfile::tempdir().unwrap();
+    // JetStream in the file, not by flags: a reload reads it from there.
+    let users = |lg_permissions: &str| {
+        format!(
+            "jetstream {{ store_dir: {:?} }}\n\
+             authorization {{ users = [\n\
+             {{ user: lg, password: pw{lg_permissions} }}\n\
+             {{ user: t, password: pw }}\n] }}\n",
+            store.path()
+        )
+    };
+    std::fs::write(
+        &conf,
+        users(", permissions: { publish: { deny: [\"$JS.API.STREAM.LIST\"] } }"),
+    )
+    .unwrap();
+    let nats = NatsServer::start_with(&["-c", conf.to_str().unwrap()]);
+    let lg = Loopguard::spawn_env(
+        &nats.url(),
+        "[nats.jetstream]\nenabled = true\negress_acks = true\n",
+        &[
+            ("LOOPGUARD__NATS__USER", "lg"),
+            ("LOOPGUARD__NATS__PASSWORD", "pw"),
+        ],
+    );
+    lg.until_logged("the server refused a publish loopguard needs", 1)
+        .await;
+    assert!(lg.logs().contains("$JS.API.STREAM.LIST"), "{}", lg.logs());
+    let addr = lg.http_addr().await;
+    assert_eq!(support::http(&addr, "GET", "/readyz", &[]).await.0, 503);
+    std::fs::write(&conf, users("")).unwrap();
+    nats.reload();
+    until_ready(&lg).await;
+}
+
 /// Waits until loopguard's `/readyz` answers 200.
 async fn until_ready(lg: &Loopguard) {
     let addr = lg.http_addr().await;

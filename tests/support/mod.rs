@@ -182,6 +182,16 @@ impl NatsServer {
         self.restart();
     }
 
+    /// Has the server read its configuration file again (SIGHUP), as
+    /// `nats-server --signal reload` does.
+    pub fn reload(&self) {
+        let ok = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(ok.success());
+    }
+
     /// Starts a server on a given `port` (to restart one where it was).
     pub fn start_on(port: u16) -> NatsServer {
         NatsServer::launch(&port.to_string(), Vec::new())
