@@ -238,7 +238,9 @@ def main():
                 # a client certificate needs the Secret it comes from; a pull secret needs a name
                 "auth.tlsClientCertificate=true", "imagePullSecrets[0].nam=regcred",
                 # a bare word that is no level (loopguard reads it as a target and logs nothing else)
-                "config.log.level=warning", "config.log.level=info\\,async_nats"]:
+                "config.log.level=warning", "config.log.level=info\\,async_nats",
+                # a directive whose level is none (the filter is refused at start)
+                "config.log.level=loopguard=verbose"]:
         p = helm("template", "lg", CHART, "--set", bad, expect_ok=False)
         if p.returncode == 0:
             fail(f"the schema accepted --set {bad}")
@@ -249,7 +251,8 @@ def main():
                  "terminationGraceExtraSeconds=4", "config.http.address=::",
                  "config.rules.turns.max=4294967295", "auth.tlsClientCertificate=true,auth.tlsSecret=tls",
                  "imagePullSecrets[0].name=regcred", "prometheusRule.sharedAlerts=false",
-                 "config.log.level=WARN", "config.log.level=info\\,async_nats=debug"]:
+                 "config.log.level=WARN", "config.log.level=info\\,async_nats=debug",
+                 "config.log.level=info\\, async_nats=debug"]:
         p = helm("template", "lg", CHART, "--set", good, expect_ok=False)
         if p.returncode != 0:
             fail(f"the schema refused --set {good}: {p.stderr}")

@@ -1068,7 +1068,21 @@ impl Config {
     }
 
     /// Checks every value and resolves per-world settings.
-    pub fn validate(self) -> Result<Settings, ConfigError> {
+    pub fn validate(mut self) -> Result<Settings, ConfigError> {
+        // The filter syntax takes no spaces around its directives: ` info`
+        // would be a target to log everything of (and nothing else), and
+        // `info, async_nats=debug` no filter at all. A YAML block scalar
+        // ends in a newline too. So each directive is trimmed here, once,
+        // for the check below and for the filter `main` builds.
+        if self.log.level.contains(char::is_whitespace) {
+            self.log.level = self
+                .log
+                .level
+                .split(',')
+                .map(str::trim)
+                .collect::<Vec<_>>()
+                .join(",");
+        }
         self.nats.servers()?;
         self.nats.validate_auth()?;
         self.nats.validate_tls()?;
@@ -1148,7 +1162,7 @@ impl Config {
         let levels = [
             "error", "warn", "info", "debug", "trace", "off", "0", "1", "2", "3", "4", "5",
         ];
-        if let Some(word) = self.log.level.split(',').map(str::trim).find(|d| {
+        if let Some(word) = self.log.level.split(',').find(|d| {
             !d.is_empty()
                 && !d.contains(['=', '[', ']', '{', '}'])
                 && !levels.iter().any(|l| l.eq_ignore_ascii_case(d))
@@ -1648,6 +1662,32 @@ mod tests {
             let toml = format!("[log]\nlevel = \"{good}\"\n");
             assert!(load_toml(&toml, &[]).is_ok(), "{good}");
         }
+    }
+
+    /// Spaces around a directive (or a YAML block scalar's newline) would
+    /// make it a target, or no filter: they are trimmed, and the filter
+    /// loopguard builds is what the trimmed words say.
+    #[test]
+    fn a_log_level_s_directives_are_trimmed() {
+        for (given, runs) in [
+            (" info", "info"),
+            ("info ", "info"),
+            ("info\n", "info"),
+            ("info, async_nats=debug", "info,async_nats=debug"),
+            (" warn ,\tloopguard=trace ", "warn,loopguard=trace"),
+        ] {
+            let toml = format!("[log]\nlevel = {given:?}\n");
+            let settings = load_toml(&toml, &[]).unwrap_or_else(|e| panic!("{given:?}: {e}"));
+            assert_eq!(settings.config.log.level, runs, "{given:?}");
+            let filter = tracing_subscriber::EnvFilter::try_new(runs).unwrap();
+            assert!(
+                filter.to_string().contains(runs.split(',').next().unwrap()),
+                "{given:?}: {filter}"
+            );
+        }
+        // Trimmed, a bare word that is no level is still refused.
+        let e = error_of("[log]\nlevel = \"info, loopgaurd\"\n", &[]);
+        assert!(e.contains("\"loopgaurd\" is not a level"), "{e}");
     }
 
     #[test]
