@@ -495,11 +495,7 @@ fn context(admin: &Admin, world: &str, agent: &str, query: Option<&str>) -> Repl
         );
     };
     let mut bodies = state::lock(&handle).context_of(&agent, limit);
-    // Bounded response: the newest messages that fit in MAX_CONTEXT_BYTES.
-    let mut total: usize = bodies.iter().map(|b| b.len() + 1).sum();
-    while total > MAX_CONTEXT_BYTES && !bodies.is_empty() {
-        total -= bodies.remove(0).len() + 1;
-    }
+    keep_newest_within(&mut bodies, MAX_CONTEXT_BYTES);
     let mut out = Vec::with_capacity(2 + bodies.iter().map(|b| b.len() + 1).sum::<usize>());
     out.push(b'[');
     for (i, body) in bodies.iter().enumerate() {
@@ -510,6 +506,20 @@ fn context(admin: &Admin, world: &str, agent: &str, query: Option<&str>) -> Repl
     }
     out.push(b']');
     reply(StatusCode::OK, "application/json", out)
+}
+
+/// Bounds a context response: drops the oldest of `bodies` (oldest first)
+/// until the rest fit in `max` bytes as a JSON array, but never the newest,
+/// however large (a server that takes payloads that large let it through):
+/// an agent asking for its context gets at least what it was sent last.
+fn keep_newest_within(bodies: &mut Vec<bytes::Bytes>, max: usize) {
+    let mut total: usize = bodies.iter().map(|b| b.len() + 1).sum();
+    let mut drop = 0;
+    while total > max && drop + 1 < bodies.len() {
+        total -= bodies[drop].len() + 1;
+        drop += 1;
+    }
+    bodies.drain(..drop);
 }
 
 /// The admin bearer-token check: `None` when authorised, else the answer
@@ -576,6 +586,27 @@ mod tests {
         assert!(!constant_time_eq(b"s3cret", b"s3creT"));
         assert!(!constant_time_eq(b"s3cret", b"s3cre"));
         assert!(!constant_time_eq(b"", b"x"));
+    }
+
+    #[test]
+    fn a_context_keeps_its_newest_messages_within_the_bound_and_the_newest_always() {
+        let sizes = |bodies: &[bytes::Bytes]| bodies.iter().map(|b| b.len()).collect::<Vec<_>>();
+        let bodies = |sizes: &[usize]| -> Vec<bytes::Bytes> {
+            sizes.iter().map(|&n| vec![b'x'; n].into()).collect()
+        };
+        // Each counts one byte more (its comma or bracket).
+        let mut fit = bodies(&[3, 4, 5]);
+        keep_newest_within(&mut fit, 15);
+        assert_eq!(sizes(&fit), [3, 4, 5]);
+        let mut over = bodies(&[3, 4, 5]);
+        keep_newest_within(&mut over, 14);
+        assert_eq!(sizes(&over), [4, 5]);
+        let mut huge = bodies(&[3, 4, 50]);
+        keep_newest_within(&mut huge, 14);
+        assert_eq!(sizes(&huge), [50], "the newest, however large");
+        let mut none = bodies(&[]);
+        keep_newest_within(&mut none, 14);
+        assert!(none.is_empty());
     }
 
     #[tokio::test]

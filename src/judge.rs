@@ -415,8 +415,8 @@ impl Judge {
 
     /// Rejects an agent message undecided, as rule `policy`, because
     /// `held` earlier messages of its world already wait for the policy
-    /// service (the worker's bound for one world, see
-    /// `ingest::MAX_HELD_PER_WORLD`). Reads none of the world's state and
+    /// service (the one asking, and behind it the worker's bound for one
+    /// world, see `ingest::MAX_HELD_PER_WORLD`). Reads none of the world's state and
     /// changes none: a message that is not held back has no place in the
     /// world's order. One the rules could not read at all is rejected for
     /// that, as `decide` would. `None` for a pass, which the policy service
@@ -432,6 +432,7 @@ impl Judge {
         fallback_id: FallbackId<'_>,
         held: usize,
     ) -> Option<Decision> {
+        let started = Instant::now();
         let settings = self.settings();
         if settings.config.mode == Mode::Observe {
             return None;
@@ -458,6 +459,10 @@ impl Judge {
             reason,
             self.observed_at(),
         );
+        // A decision too, if a quick one.
+        self.metrics
+            .decision_duration
+            .observe(started.elapsed().as_secs_f64());
         self.report(&mut d, &settings);
         Some(d)
     }
@@ -1610,6 +1615,11 @@ mod tests {
         let scrape = String::from_utf8(rig.judge.metrics().encode()).unwrap();
         assert!(
             scrape.contains("loopguard_policy_requests_total{outcome=\"backlog\"} 1"),
+            "{scrape}"
+        );
+        // Each rejection is a decision the histogram times (not the pass).
+        assert!(
+            scrape.contains("loopguard_decision_duration_seconds_count 2"),
             "{scrape}"
         );
     }

@@ -23,12 +23,16 @@ struct Args {
 }
 
 /// Logs go to standard error, as text or JSON; `RUST_LOG` wins over
-/// `log.level` when set, unless it is no log filter: then `log.level`
-/// applies, and the first line says so.
+/// `log.level` when set, unless it is no log filter (or not UTF-8): then
+/// `log.level` applies, and the first line says so.
 fn init_logs(log: &loopguard::config::LogConfig) {
     use tracing_subscriber::EnvFilter;
-    let from_env = std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty());
-    let (filter, refused) = match from_env.as_deref().map(EnvFilter::try_new) {
+    let from_env = std::env::var_os("RUST_LOG").filter(|v| !v.is_empty());
+    let parsed = from_env.as_deref().map(|v| match v.to_str() {
+        Some(text) => EnvFilter::try_new(text).map_err(|e| e.to_string()),
+        None => Err("not UTF-8".to_string()),
+    });
+    let (filter, refused) = match parsed {
         Some(Ok(filter)) => (filter, None),
         Some(Err(e)) => (EnvFilter::new(&log.level), Some(e)),
         None => (EnvFilter::new(&log.level), None),

@@ -657,6 +657,17 @@ async fn a_rust_log_that_is_no_filter_is_named_and_log_level_applies() {
         .await;
     lg.until_logged(" DEBUG ", 1).await;
     assert!(lg.logs().contains("loud=["), "{}", lg.logs());
+    // Nor does one that is not UTF-8.
+    use std::os::unix::ffi::OsStrExt;
+    let lg = Loopguard::spawn_env(
+        &nats.url(),
+        "[log]\nlevel = \"debug\"\n",
+        &[("RUST_LOG", std::ffi::OsStr::from_bytes(b"loopguard=\xff"))],
+    );
+    lg.until_logged("RUST_LOG is not a log filter; log.level applies", 1)
+        .await;
+    lg.until_logged(" DEBUG ", 1).await;
+    assert!(lg.logs().contains("not UTF-8"), "{}", lg.logs());
 }
 
 #[tokio::test]

@@ -658,7 +658,7 @@ async fn past_its_share_a_waiting_world_s_agent_messages_are_rejected_not_held()
         assert_eq!(event.str("rule"), "policy");
         assert_eq!(
             event.str("reason"),
-            "policy check backlog: 64 earlier messages of this world wait for the policy service"
+            "policy check backlog: 65 earlier messages of this world wait for the policy service"
         );
         // Never placed in the world's order (docs/CONTRACT.md §9).
         assert_eq!(

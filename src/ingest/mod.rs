@@ -376,7 +376,8 @@ impl Worker {
                     && !self.grace_over.is_over()
                     && !first_here(&self.held_keys, &self.replay, &work)
                 {
-                    if let Some(decision) = shed(&self.judge, &work, held) {
+                    // Behind the one that asks.
+                    if let Some(decision) = shed(&self.judge, &work, held + 1) {
                         return self.conclude(decision.outbound, work.delivery).await;
                     }
                 }

@@ -237,11 +237,16 @@ impl Loopguard {
     /// ephemeral HTTP port come from the environment, which also exercises
     /// the `LOOPGUARD__…` overrides in every test.
     pub fn spawn(url: &str, toml: &str) -> Loopguard {
-        Loopguard::spawn_env(url, toml, &[])
+        Loopguard::spawn_env::<&str>(url, toml, &[])
     }
 
-    /// Like [`Loopguard::spawn`], with extra environment variables.
-    pub fn spawn_env(url: &str, toml: &str, env: &[(&str, &str)]) -> Loopguard {
+    /// Like [`Loopguard::spawn`], with extra environment variables (not
+    /// necessarily UTF-8).
+    pub fn spawn_env<V: AsRef<std::ffi::OsStr>>(
+        url: &str,
+        toml: &str,
+        env: &[(&str, V)],
+    ) -> Loopguard {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("loopguard.toml");
         std::fs::write(&config, toml).expect("config file");
@@ -254,7 +259,7 @@ impl Loopguard {
             .env("RUST_LOG", "loopguard=debug")
             .env("LOOPGUARD__NATS__URL", url)
             .env("LOOPGUARD__HTTP__LISTEN", "127.0.0.1:0")
-            .envs(env.iter().copied())
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
