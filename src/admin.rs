@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -42,7 +42,7 @@ pub const MAX_CONTEXT_BYTES: usize = 4 * 1024 * 1024;
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What `/readyz` answers: subscribed (messages can come in), connected
-/// now, not draining.
+/// now, the subscriptions confirmed on this connection, not draining.
 #[derive(Default)]
 pub struct Readiness {
     subscribed: AtomicBool,
@@ -51,14 +51,72 @@ pub struct Readiness {
     /// nothing comes in on it until a restart.
     refused: AtomicBool,
     client: OnceLock<async_nats::Client>,
+    /// The client's count of connections (`Statistics::connects`) when a
+    /// round trip last confirmed the server holds the subscriptions. The
+    /// client is connected again before it has sent them again: until a
+    /// round trip on the new connection, a message published elsewhere
+    /// could pass before them.
+    confirmed: Arc<AtomicU64>,
+    /// A round trip to confirm them is under way.
+    confirming: Arc<AtomicBool>,
 }
 
 impl Readiness {
     /// Called once both subscriptions (or the JetStream consumer) exist,
-    /// and again when a lost consumer is open again.
+    /// confirmed by a round trip, and again when a lost consumer is open
+    /// again.
     pub fn subscribed(&self, client: async_nats::Client) {
+        let connects = client.statistics().connects.load(Ordering::SeqCst);
+        self.confirmed.fetch_max(connects, Ordering::SeqCst);
         let _ = self.client.set(client);
         self.subscribed.store(true, Ordering::SeqCst);
+    }
+
+    /// Confirms the subscriptions on the client's current connection by a
+    /// round trip (at once, in the background), unless they are or a
+    /// confirmation is under way: called when the client connects again,
+    /// and by [`Readiness::is_ready`], so that a lost event delays nothing.
+    pub fn confirm(&self) {
+        let Some(client) = self.client.get() else {
+            return;
+        };
+        let connects = client.statistics().connects.load(Ordering::SeqCst);
+        if self.confirmed.load(Ordering::SeqCst) >= connects
+            || self.confirming.swap(true, Ordering::SeqCst)
+        {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.confirming.store(false, Ordering::SeqCst);
+            return;
+        };
+        let (client, confirmed, confirming) = (
+            client.clone(),
+            self.confirmed.clone(),
+            self.confirming.clone(),
+        );
+        runtime.spawn(async move {
+            // Queued after the subscriptions the client sends as it
+            // connects: its answer comes once the server holds them.
+            if client.flush().await.is_ok() {
+                confirmed.fetch_max(connects, Ordering::SeqCst);
+            }
+            confirming.store(false, Ordering::SeqCst);
+        });
+    }
+
+    /// Whether a round trip confirmed the subscriptions on the client's
+    /// current connection; starts one if not.
+    fn confirmed(&self) -> bool {
+        let Some(client) = self.client.get() else {
+            return false;
+        };
+        let connects = client.statistics().connects.load(Ordering::SeqCst);
+        let confirmed = self.confirmed.load(Ordering::SeqCst) >= connects;
+        if !confirmed {
+            self.confirm();
+        }
+        confirmed
     }
 
     /// Called when the JetStream consumer is lost: until it is open again
@@ -91,6 +149,7 @@ impl Readiness {
             && !self.draining.load(Ordering::SeqCst)
             && !self.refused.load(Ordering::SeqCst)
             && self.connected() == Some(true)
+            && self.confirmed()
     }
 }
 

@@ -654,6 +654,9 @@ async fn connect(
                         m.nats_connected.set(1);
                         if was_connected.swap(true, Ordering::SeqCst) {
                             m.nats_reconnects.inc();
+                            // Ready once the server holds the subscriptions
+                            // the client sends again.
+                            readiness.confirm();
                             tracing::info!("reconnected to NATS");
                         } else {
                             tracing::info!("connected to NATS");

@@ -330,6 +330,34 @@ async fn readyz_is_503_while_nats_is_down_and_200_after_it_returns_on_the_same_p
     assert_eq!(out.public("w").len(), 1, "routing resumed after the outage");
 }
 
+/// The client counts a new connection, and says it is connected, before it
+/// has sent its subscriptions again: ready only once a round trip on that
+/// connection confirms the server holds them (a message published after a
+/// 200 then comes in). The count is moved by hand here, as a reconnect
+/// moves it, so the window the check closes is open for certain.
+#[tokio::test]
+async fn readiness_waits_for_a_round_trip_on_each_new_connection() {
+    use std::sync::atomic::Ordering;
+    let nats = NatsServer::start();
+    let client = support::within("client", async_nats::connect(nats.url()))
+        .await
+        .unwrap();
+    let readiness = loopguard::admin::Readiness::default();
+    readiness.subscribed(client.clone());
+    assert!(readiness.is_ready());
+    client.statistics().connects.fetch_add(1, Ordering::SeqCst);
+    assert!(
+        !readiness.is_ready(),
+        "ready on a new connection before a round trip on it"
+    );
+    support::within("ready after a round trip", async {
+        while !readiness.is_ready() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn readyz_is_503_before_nats_is_reachable() {
     let (_held, port) = support::reserve_port();
