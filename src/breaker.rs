@@ -5,17 +5,22 @@
 //! would (`rules.policy.fail`), rather than each world waiting out
 //! `timeout_ms` for every agent message. Then questions go out again: an
 //! answer closes the breaker, another timeout opens it for [`REST`] more.
-//! Answers that come while it rests, to questions sent before it tripped,
-//! are not counted: they say nothing of the service since, and under a
-//! partial failure would reopen it at once, again and again.
+//! Answers to questions sent before it tripped are not counted: they say
+//! nothing of the service since, and under a partial failure would reopen
+//! it at once, again and again.
 //!
 //! Only timeouts count: a service that is gone gets "no responders" at
 //! once, and an unreadable answer is an answer, so neither makes anyone
 //! wait; like an answer, they start the count again.
 //!
 //! Worlds that name the same subject share its count, each with its own
-//! threshold: a world is not asked while the subject rests and the count
-//! has reached the world's `trip_after`.
+//! threshold: a world is not asked while the count has reached its
+//! `trip_after` and the last timeout is less than [`REST`] old, whichever
+//! world's question it was (a world whose `trip_after` is 0 is always
+//! asked, and its timeouts count for the others too). An answer to a
+//! question sent after the last trip closes the breaker for all of them,
+//! whichever world asked (a patient world's question, sent while an
+//! impatient one rests).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -36,19 +41,27 @@ pub struct Breakers {
     by_subject: Mutex<HashMap<String, Breaker>>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Breaker {
     /// Questions in a row that timed out.
     timeouts: u32,
-    /// Once tripped: until when the subject is not asked.
-    resting_until: Option<Instant>,
+    /// When the last of them timed out: a world whose threshold the count
+    /// has reached does not ask for [`REST`] after it.
+    last_timeout: Instant,
+    /// When a timeout last found the count at its world's threshold (the
+    /// subject tripped, or its rest went on): answers to questions sent
+    /// before then are not counted.
+    tripped: Option<Instant>,
 }
 
 /// How a question to the policy service ended, as the breaker counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ended {
-    /// An answer, or an error that came at once.
-    Answered,
+    /// An answer, or an error that came at once, to a question sent at
+    /// `asked`.
+    Answered {
+        asked: Instant,
+    },
     TimedOut,
 }
 
@@ -62,30 +75,34 @@ pub struct Resting {
 }
 
 impl Breakers {
-    /// Whether a world whose threshold is `trip_after` (not 0) does not ask
-    /// `subject` at `now`, and why.
+    /// Whether a world whose threshold is `trip_after` (0: never) does not
+    /// ask `subject` at `now`, and why.
     pub fn resting(&self, subject: &str, now: Instant, trip_after: u32) -> Option<Resting> {
+        if trip_after == 0 {
+            return None;
+        }
         let by_subject = self.lock();
         let breaker = by_subject.get(subject)?;
-        let until = breaker.resting_until?;
+        let until = breaker.last_timeout + REST;
         (until > now && breaker.timeouts >= trip_after).then(|| Resting {
             left: until - now,
             timeouts: breaker.timeouts,
         })
     }
 
-    /// Counts how a question to `subject` ended at `now`; `trip_after`
-    /// timeouts in a row make it rest (0: never).
+    /// Counts how a question to `subject` ended at `now`; for a world
+    /// whose threshold is `trip_after` (0: never rests), whether this
+    /// timeout trips the subject (or keeps it resting).
     pub fn record(&self, subject: &str, ended: Ended, now: Instant, trip_after: u32) {
         let mut by_subject = self.lock();
         match ended {
-            Ended::Answered => {
+            Ended::Answered { asked } => {
                 let Some(breaker) = by_subject.get(subject) else {
                     return;
                 };
-                match breaker.resting_until {
+                match breaker.tripped {
                     // Asked before the trip: not news of the service since.
-                    Some(until) if until > now => {}
+                    Some(tripped) if asked < tripped => {}
                     Some(_) => {
                         by_subject.remove(subject);
                         tracing::info!(subject, "policy service answers again");
@@ -95,15 +112,19 @@ impl Breakers {
                     }
                 }
             }
-            Ended::TimedOut if trip_after == 0 => {}
             Ended::TimedOut => {
-                let breaker = match by_subject.get_mut(subject) {
-                    Some(b) => b,
-                    None => by_subject.entry(subject.to_string()).or_default(),
-                };
+                let breaker = by_subject
+                    .entry(subject.to_string())
+                    .or_insert_with(|| Breaker {
+                        timeouts: 0,
+                        last_timeout: now,
+                        tripped: None,
+                    });
+                let was_resting = breaker.tripped.is_some() && breaker.last_timeout + REST > now;
                 breaker.timeouts = breaker.timeouts.saturating_add(1);
-                if breaker.timeouts >= trip_after {
-                    if breaker.resting_until.is_none_or(|until| until <= now) {
+                breaker.last_timeout = now;
+                if trip_after > 0 && breaker.timeouts >= trip_after {
+                    if !was_resting {
                         tracing::warn!(
                             subject,
                             timeouts = breaker.timeouts,
@@ -111,7 +132,7 @@ impl Breakers {
                             "policy service does not answer; not asking it for a while (rules.policy.fail applies)"
                         );
                     }
-                    breaker.resting_until = Some(now + REST);
+                    breaker.tripped = Some(now);
                 }
             }
         }
@@ -167,18 +188,37 @@ mod tests {
         for _ in 0..TRIP_AFTER - 1 {
             b.record("p", Ended::TimedOut, t0, TRIP_AFTER);
         }
-        b.record("p", Ended::Answered, t0, TRIP_AFTER);
+        b.record("p", Ended::Answered { asked: t0 }, t0, TRIP_AFTER);
         b.record("p", Ended::TimedOut, t0, TRIP_AFTER);
         assert_eq!(rests(&b, t0), None);
         assert!(b.lock().get("p").is_some_and(|x| x.timeouts == 1));
     }
 
     #[test]
-    fn an_answer_while_it_rests_does_not_reopen_it() {
+    fn an_answer_to_a_question_sent_before_the_trip_does_not_reopen_it() {
         let (b, t0) = (Breakers::default(), Instant::now());
-        trip(&b, t0);
-        b.record("p", Ended::Answered, t0 + MS, TRIP_AFTER);
-        assert_eq!(rests(&b, t0 + MS), Some(REST - MS), "still resting");
+        trip(&b, t0 + MS);
+        let asked = Ended::Answered { asked: t0 };
+        b.record("p", asked, t0 + 2 * MS, TRIP_AFTER);
+        assert_eq!(rests(&b, t0 + 2 * MS), Some(REST - MS), "still resting");
+        // Nor once the rest is over.
+        b.record("p", asked, t0 + REST + 2 * MS, TRIP_AFTER);
+        assert!(b.lock().get("p").is_some_and(|x| x.timeouts == TRIP_AFTER));
+    }
+
+    #[test]
+    fn an_answer_to_a_question_sent_while_it_rests_closes_it() {
+        // A patient world asks while an impatient one rests: the service
+        // answers it, so the impatient world asks again too.
+        let (b, t0) = (Breakers::default(), Instant::now());
+        for _ in 0..3 {
+            b.record("p", Ended::TimedOut, t0, 3);
+        }
+        assert!(b.resting("p", t0 + MS, 3).is_some());
+        let answered = Ended::Answered { asked: t0 + MS };
+        b.record("p", answered, t0 + 2 * MS, 100);
+        assert_eq!(b.resting("p", t0 + 2 * MS, 3), None);
+        assert!(b.lock().is_empty(), "an answered subject is forgotten");
     }
 
     #[test]
@@ -190,7 +230,7 @@ mod tests {
         b.record("p", Ended::TimedOut, after, TRIP_AFTER);
         assert_eq!(rests(&b, after), Some(REST), "still failing");
         let after = after + REST;
-        b.record("p", Ended::Answered, after, TRIP_AFTER);
+        b.record("p", Ended::Answered { asked: after }, after, TRIP_AFTER);
         assert_eq!(rests(&b, after), None);
         assert!(b.lock().is_empty(), "an answered subject is forgotten");
     }
@@ -206,12 +246,26 @@ mod tests {
     }
 
     #[test]
-    fn trip_after_zero_never_rests() {
+    fn a_patient_world_s_timeouts_rest_an_impatient_one() {
+        // The count is the subject's: the impatient world does not wait out
+        // a timeout of its own first.
+        let (b, t0) = (Breakers::default(), Instant::now());
+        for _ in 0..50 {
+            b.record("p", Ended::TimedOut, t0, 100);
+        }
+        assert_eq!(b.resting("p", t0, 100), None);
+        let resting = b.resting("p", t0 + MS, 5).expect("resting at 5");
+        assert_eq!((resting.left, resting.timeouts), (REST - MS, 50));
+        assert_eq!(b.resting("p", t0 + REST, 5), None, "5 s after the last");
+    }
+
+    #[test]
+    fn trip_after_zero_never_rests_but_its_timeouts_count() {
         let (b, t0) = (Breakers::default(), Instant::now());
         for _ in 0..100 {
             b.record("p", Ended::TimedOut, t0, 0);
         }
-        assert_eq!(rests(&b, t0), None);
-        assert!(b.lock().is_empty(), "nothing kept for it");
+        assert_eq!(b.resting("p", t0, 0), None);
+        assert!(rests(&b, t0).is_some(), "for a world that rests at 5");
     }
 }

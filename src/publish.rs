@@ -181,10 +181,9 @@ impl Publisher {
     /// "reason": "…"}`. Not while the subject rests ([`crate::breaker`]).
     pub async fn ask_policy(&self, check: &PolicyCheck) -> PolicyOutcome {
         let subject = check.subject.as_str();
-        let resting = match check.trip_after {
-            0 => None, // always asked
-            n => self.breakers.resting(subject, Instant::now(), n),
-        };
+        let resting = self
+            .breakers
+            .resting(subject, Instant::now(), check.trip_after);
         if let Some(Resting { left, timeouts }) = resting {
             return PolicyOutcome::Failed {
                 failure: PolicyFailure::Skipped,
@@ -194,6 +193,7 @@ impl Publisher {
                 ),
             };
         }
+        let asked = Instant::now();
         let request = self
             .client
             .request(check.subject.clone(), check.request.clone());
@@ -211,7 +211,7 @@ impl Publisher {
         };
         let ended = match &reply {
             Err((PolicyFailure::Timeout, _)) => Ended::TimedOut,
-            _ => Ended::Answered,
+            _ => Ended::Answered { asked },
         };
         self.breakers
             .record(subject, ended, Instant::now(), check.trip_after);
