@@ -63,11 +63,14 @@ pub struct Readiness {
 
 impl Readiness {
     /// Called once both subscriptions (or the JetStream consumer) exist,
-    /// confirmed by a round trip, and again when a lost consumer is open
-    /// again.
-    pub fn subscribed(&self, client: async_nats::Client) {
-        let connects = client.statistics().connects.load(Ordering::SeqCst);
-        self.confirmed.fetch_max(connects, Ordering::SeqCst);
+    /// and again when a lost consumer is open again. `confirmed`: the
+    /// connection (the client's count of them, see [`connects`]) a round
+    /// trip made after the subscriptions certainly came back on, if one
+    /// did; otherwise the first probe confirms them.
+    pub fn subscribed(&self, client: async_nats::Client, confirmed: Option<u64>) {
+        if let Some(connects) = confirmed {
+            self.confirmed.fetch_max(connects, Ordering::SeqCst);
+        }
         let _ = self.client.set(client);
         self.subscribed.store(true, Ordering::SeqCst);
     }
@@ -80,7 +83,7 @@ impl Readiness {
         let Some(client) = self.client.get() else {
             return;
         };
-        let connects = client.statistics().connects.load(Ordering::SeqCst);
+        let connects = connects(client);
         if self.confirmed.load(Ordering::SeqCst) >= connects
             || self.confirming.swap(true, Ordering::SeqCst)
         {
@@ -111,7 +114,7 @@ impl Readiness {
         let Some(client) = self.client.get() else {
             return false;
         };
-        let connects = client.statistics().connects.load(Ordering::SeqCst);
+        let connects = connects(client);
         let confirmed = self.confirmed.load(Ordering::SeqCst) >= connects;
         if !confirmed {
             self.confirm();
@@ -151,6 +154,12 @@ impl Readiness {
             && self.connected() == Some(true)
             && self.confirmed()
     }
+}
+
+/// How many times `client` has connected (a reconnect counts one more
+/// before the client has sent its subscriptions again).
+pub fn connects(client: &async_nats::Client) -> u64 {
+    client.statistics().connects.load(Ordering::SeqCst)
 }
 
 /// Everything a request handler may read.
@@ -572,7 +581,8 @@ fn context(admin: &Admin, world: &str, agent: &str, query: Option<&str>) -> Repl
 /// however large (a server that takes payloads that large let it through):
 /// an agent asking for its context gets at least what it was sent last.
 fn keep_newest_within(bodies: &mut Vec<bytes::Bytes>, max: usize) {
-    let mut total: usize = bodies.iter().map(|b| b.len() + 1).sum();
+    // n bodies, n - 1 commas and two brackets.
+    let mut total: usize = 1 + bodies.iter().map(|b| b.len() + 1).sum::<usize>();
     let mut drop = 0;
     while total > max && drop + 1 < bodies.len() {
         total -= bodies[drop].len() + 1;
@@ -653,15 +663,15 @@ mod tests {
         let bodies = |sizes: &[usize]| -> Vec<bytes::Bytes> {
             sizes.iter().map(|&n| vec![b'x'; n].into()).collect()
         };
-        // Each counts one byte more (its comma or bracket).
+        // `[xxx,xxxx,xxxxx]`: 16 bytes.
         let mut fit = bodies(&[3, 4, 5]);
-        keep_newest_within(&mut fit, 15);
+        keep_newest_within(&mut fit, 16);
         assert_eq!(sizes(&fit), [3, 4, 5]);
         let mut over = bodies(&[3, 4, 5]);
-        keep_newest_within(&mut over, 14);
+        keep_newest_within(&mut over, 15);
         assert_eq!(sizes(&over), [4, 5]);
         let mut huge = bodies(&[3, 4, 50]);
-        keep_newest_within(&mut huge, 14);
+        keep_newest_within(&mut huge, 15);
         assert_eq!(sizes(&huge), [50], "the newest, however large");
         let mut none = bodies(&[]);
         keep_newest_within(&mut none, 14);

@@ -16,6 +16,7 @@ use crate::ingest::{self, Dispatcher};
 use crate::judge::{self, Judge};
 use crate::metrics::{DropReason, Metrics};
 use crate::publish::Publisher;
+use crate::subject::Subjects;
 
 /// Why loopguard could not run.
 #[derive(Debug, thiserror::Error)]
@@ -146,7 +147,10 @@ pub async fn run(
     // The consumer's own too: answers to copies are awaited for less than
     // it waits for an acknowledgement.
     let mut ack_wait = Duration::from_secs(jetstream.ack_wait_seconds);
-    let intake = if jetstream.enabled {
+    // Read before the round trips that confirm the intake (see
+    // `round_trip_on`).
+    let connects = admin::connects(&client);
+    let (intake, confirmed) = if jetstream.enabled {
         match open_jetstream(&client, jetstream, &subjects, capacity, stopped()).await? {
             Some((messages, families)) => {
                 captured = families;
@@ -165,7 +169,9 @@ pub async fn run(
                         "the consumer's ack wait is no longer than a shutdown's drain (the grace period and 3 s): messages still held when loopguard stops can be delivered again before those it hands back, a world's later ones first"
                     );
                 }
-                Intake::JetStream(Box::new(messages))
+                // Its set-up's requests were answered after the consumer was made.
+                let on = round_trip_on(connects, admin::connects(&client));
+                (Intake::JetStream(Box::new(messages)), on)
             }
             None => {
                 tracing::info!("shutdown: stopped before JetStream was ready");
@@ -189,15 +195,19 @@ pub async fn run(
         // from /readyz 200 on, a message published elsewhere comes in.
         // Until NATS is first reached the round trip waits; a signal then
         // goes on to the intake, which stops and drains as always.
-        tokio::select! {
-            flushed = client.flush() => if let Err(e) = flushed {
-                tracing::warn!(error = %e, "could not confirm the subscriptions with the server");
+        let confirmed = tokio::select! {
+            flushed = client.flush() => match flushed {
+                Ok(()) => round_trip_on(connects, admin::connects(&client)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not confirm the subscriptions with the server");
+                    None
+                }
             },
-            _ = stopped() => {}
-        }
-        Intake::Core(raw, join)
+            _ = stopped() => None,
+        };
+        (Intake::Core(raw, join), confirmed)
     };
-    readiness.subscribed(client.clone());
+    readiness.subscribed(client.clone(), confirmed);
     tracing::info!(
         raw = %subjects.raw_wildcard(), join = %subjects.join_wildcard(),
         mode = ?config.mode, jetstream = jetstream.enabled, "subscribed"
@@ -251,9 +261,11 @@ pub async fn run(
                             ingest::jetstream::consumer(&client, jetstream, &subjects, capacity)
                                 .await
                         };
+                        let connects = admin::connects(&client);
                         let pull = retrying(open, stopped()).await?;
                         if pull.is_some() {
-                            readiness.subscribed(client.clone());
+                            let on = round_trip_on(connects, admin::connects(&client));
+                            readiness.subscribed(client.clone(), on);
                         }
                         Ok(pull)
                     };
@@ -603,19 +615,50 @@ async fn check_max_payload(
     }
 }
 
-/// The subject a server's `Permissions Violation for Publish to "S"`
-/// error names.
-fn refused_subject(error: &str) -> Option<&str> {
-    let (_, rest) = error.split_once("Publish to \"")?;
-    Some(rest.split_once('"').map_or(rest, |(subject, _)| subject))
+/// The connection (by the client's count, see `admin::connects`) a round
+/// trip that came back between two readings of the count, `before` and
+/// `after`, was made on, when that is certain: the one connection
+/// throughout, or the first, made while the round trip waited. A round trip
+/// in flight when a connection is lost fails, but one that came back on a
+/// connection lost just after it cannot be told from one on the next.
+fn round_trip_on(before: u64, after: u64) -> Option<u64> {
+    (after == before.max(1)).then_some(after)
 }
 
-/// Whether a refused publish to `subject` leaves JetStream intake stuck: an
-/// acknowledgement (nothing is finished) or a pull (nothing comes in).
-/// Set-up calls (`$JS.API.STREAM.…`, `CONSUMER.CREATE`) are retried
-/// instead, and loopguard is not ready until they succeed.
-fn stops_jetstream(subject: &str) -> bool {
-    subject.starts_with("$JS.ACK.") || subject.starts_with("$JS.API.CONSUMER.MSG.NEXT.")
+/// What a publish the server's permissions refused was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    /// A copy, notice or event: an output not sent.
+    Output,
+    /// A JetStream acknowledgement (nothing is finished) or pull (nothing
+    /// comes in): not ready until a restart.
+    Intake,
+    /// Anything else: a policy request (it fails as the service's silence
+    /// does) or a JetStream set-up call (retried; not ready until it
+    /// succeeds).
+    Other,
+}
+
+/// Reads a `Permissions Violation for Publish …` error of the server.
+fn refused_publish(error: &str, subjects: &Subjects, jetstream: bool) -> Refused {
+    if let Some((_, rest)) = error.split_once("Publish to \"") {
+        let subject = rest.split_once('"').map_or(rest, |(subject, _)| subject);
+        return if subjects.is_egress(subject) {
+            Refused::Output
+        } else if subject.starts_with("$JS.ACK.")
+            || subject.starts_with("$JS.API.CONSUMER.MSG.NEXT.")
+        {
+            Refused::Intake
+        } else {
+            Refused::Other
+        };
+    }
+    // `… with Reply of "_INBOX…"`: no request gets its answer, a pull's
+    // messages among them.
+    if jetstream && error.contains("with Reply of") {
+        return Refused::Intake;
+    }
+    Refused::Other
 }
 
 /// Connects with unbounded retries, from the first attempt on: a NATS
@@ -630,7 +673,8 @@ async fn connect(
     let m = metrics.clone();
     let readiness = readiness.clone();
     // What a refused publish of loopguard's own output goes to.
-    let subjects = Arc::new(crate::subject::Subjects::new(&config.nats.prefix));
+    let subjects = Arc::new(Subjects::new(&config.nats.prefix));
+    let jetstream = config.nats.jetstream.enabled;
     let options = async_nats::ConnectOptions::new()
         .name("loopguard")
         // Every subject loopguard publishes or sends a request to is built
@@ -705,17 +749,18 @@ async fn connect(
                     async_nats::Event::ServerError(async_nats::ServerError::Other(e))
                         if e.starts_with("Permissions Violation for Publish") =>
                     {
-                        let subject = refused_subject(&e);
-                        if subject.is_some_and(|s| subjects.is_egress(s)) {
-                            m.dropped(
+                        match refused_publish(&e, &subjects, jetstream) {
+                            Refused::Output => m.dropped(
                                 DropReason::PublishError,
                                 &format_args!("the server refused a publish: {e}"),
-                            )
-                        } else if subject.is_some_and(stops_jetstream) {
-                            readiness.refused();
-                            tracing::error!(error = %e, "the server refused a publish loopguard needs: it stays unready; grant it, then restart loopguard");
-                        } else {
-                            tracing::error!(error = %e, "the server refused a publish loopguard needs; grant it");
+                            ),
+                            Refused::Intake => {
+                                readiness.refused();
+                                tracing::error!(error = %e, "the server refused a publish loopguard needs: it stays unready; grant it, then restart loopguard");
+                            }
+                            Refused::Other => {
+                                tracing::error!(error = %e, "the server refused a publish loopguard needs; grant it");
+                            }
                         }
                     }
                     async_nats::Event::ClientError(e) => m.client_error(&e),
@@ -757,4 +802,55 @@ async fn connect(
         .collect();
     tracing::info!(servers = ?hosts, tls = tls.required, "connecting to NATS");
     Ok(options.connect(servers).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_round_trip_confirms_a_connection_only_when_certain() {
+        assert_eq!(round_trip_on(0, 1), Some(1), "the first, made meanwhile");
+        assert_eq!(round_trip_on(3, 3), Some(3));
+        assert_eq!(round_trip_on(3, 4), None, "a reconnect meanwhile");
+        assert_eq!(round_trip_on(0, 2), None);
+    }
+
+    #[test]
+    fn a_refused_publish_is_read_by_what_it_stops() {
+        let subjects = Subjects::new("chat");
+        let refused = |subject: &str| format!("Permissions Violation for Publish to \"{subject}\"");
+        for (error, jetstream, what) in [
+            (refused("chat.public.w"), false, Refused::Output),
+            (refused("chat.private.w.a"), true, Refused::Output),
+            (refused("chat.events.w"), false, Refused::Output),
+            // A policy subject beside them under the prefix.
+            (refused("chat.policy.check"), false, Refused::Other),
+            (refused("$JS.ACK.S.C.1.2.3.4.0"), true, Refused::Intake),
+            (
+                refused("$JS.API.CONSUMER.MSG.NEXT.S.C"),
+                true,
+                Refused::Intake,
+            ),
+            // Set-up calls are retried.
+            (refused("$JS.API.STREAM.LIST"), true, Refused::Other),
+            (refused("$JS.API.CONSUMER.CREATE.S.C"), true, Refused::Other),
+            (
+                "Permissions Violation for Publish with Reply of \"_INBOX.x.y\"".into(),
+                true,
+                Refused::Intake,
+            ),
+            (
+                "Permissions Violation for Publish with Reply of \"_INBOX.x.y\"".into(),
+                false,
+                Refused::Other,
+            ),
+        ] {
+            assert_eq!(
+                refused_publish(&error, &subjects, jetstream),
+                what,
+                "{error}"
+            );
+        }
+    }
 }

@@ -48,10 +48,32 @@ struct Breaker {
     /// When the last of them timed out: a world whose threshold the count
     /// has reached does not ask for [`REST`] after it.
     last_timeout: Instant,
-    /// When a timeout last found the count at its world's threshold (the
-    /// subject tripped, or its rest went on): answers to questions sent
-    /// before then are not counted.
+    /// The last timeout that found the count at a world's threshold (the
+    /// subject tripped, or its rest went on), as that timeout or a world
+    /// told to rest found it: answers to questions sent before then are not
+    /// counted.
     tripped: Option<Instant>,
+}
+
+impl Breaker {
+    /// Whether a trip's rest lasts at `now`.
+    fn rests(&self, now: Instant) -> bool {
+        self.tripped.is_some() && self.last_timeout + REST > now
+    }
+
+    /// The last timeout tripped the subject for some world (`resting`:
+    /// a rest lasted already); a rest that begins is logged.
+    fn trip(&mut self, subject: &str, resting: bool) {
+        if !resting {
+            tracing::warn!(
+                subject,
+                timeouts = self.timeouts,
+                rest_seconds = REST.as_secs(),
+                "policy service does not answer; not asking it for a while (rules.policy.fail applies)"
+            );
+        }
+        self.tripped = Some(self.last_timeout);
+    }
 }
 
 /// How a question to the policy service ended, as the breaker counts it.
@@ -81,10 +103,17 @@ impl Breakers {
         if trip_after == 0 {
             return None;
         }
-        let by_subject = self.lock();
-        let breaker = by_subject.get(subject)?;
+        let mut by_subject = self.lock();
+        let breaker = by_subject.get_mut(subject)?;
         let until = breaker.last_timeout + REST;
-        (until > now && breaker.timeouts >= trip_after).then(|| Resting {
+        if until <= now || breaker.timeouts < trip_after {
+            return None;
+        }
+        // Other worlds' timeouts may have brought the count to this one's
+        // threshold: its rest is a trip all the same.
+        let resting = breaker.rests(now);
+        breaker.trip(subject, resting);
+        Some(Resting {
             left: until - now,
             timeouts: breaker.timeouts,
         })
@@ -120,19 +149,11 @@ impl Breakers {
                         last_timeout: now,
                         tripped: None,
                     });
-                let was_resting = breaker.tripped.is_some() && breaker.last_timeout + REST > now;
+                let resting = breaker.rests(now);
                 breaker.timeouts = breaker.timeouts.saturating_add(1);
                 breaker.last_timeout = now;
                 if trip_after > 0 && breaker.timeouts >= trip_after {
-                    if !was_resting {
-                        tracing::warn!(
-                            subject,
-                            timeouts = breaker.timeouts,
-                            rest_seconds = REST.as_secs(),
-                            "policy service does not answer; not asking it for a while (rules.policy.fail applies)"
-                        );
-                    }
-                    breaker.tripped = Some(now);
+                    breaker.trip(subject, resting);
                 }
             }
         }
@@ -243,6 +264,20 @@ mod tests {
         }
         assert!(b.resting("p", t0, 3).is_some());
         assert_eq!(b.resting("p", t0, 100), None, "a patient world still asks");
+    }
+
+    #[test]
+    fn a_rest_other_worlds_timeouts_began_ignores_answers_sent_before_it() {
+        let (b, t0) = (Breakers::default(), Instant::now());
+        for _ in 0..3 {
+            b.record("p", Ended::TimedOut, t0 + MS, 100);
+        }
+        assert!(b.resting("p", t0 + 2 * MS, 3).is_some(), "resting at 3");
+        b.record("p", Ended::Answered { asked: t0 }, t0 + 3 * MS, 100);
+        assert!(b.resting("p", t0 + 3 * MS, 3).is_some(), "an old answer");
+        let since = Ended::Answered { asked: t0 + 2 * MS };
+        b.record("p", since, t0 + 4 * MS, 100);
+        assert_eq!(b.resting("p", t0 + 4 * MS, 3), None, "a new one");
     }
 
     #[test]

@@ -459,7 +459,7 @@ impl Judge {
             reason,
             self.observed_at(),
         );
-        // A decision too, if a quick one.
+        // Timed as every decision is.
         self.metrics
             .decision_duration
             .observe(started.elapsed().as_secs_f64());

@@ -495,22 +495,11 @@ async fn sigterm_before_nats_was_ever_reached_stops_loopguard() {
 /// stays unready (nothing comes in on it), where it said ready before.
 #[tokio::test]
 async fn a_subscription_the_server_refuses_leaves_loopguard_unready() {
-    let dir = tempfile::tempdir().unwrap();
-    let conf = dir.path().join("nats.conf");
-    std::fs::write(
-        &conf,
+    let restricted = Restricted::start(
         "authorization { users = [ { user: lg, password: pw, permissions: { subscribe: { deny: [\"chat.raw.>\"] } } } ] }\n",
-    )
-    .unwrap();
-    let nats = NatsServer::start_with(&["-c", conf.to_str().unwrap()]);
-    let lg = Loopguard::spawn_env(
-        &nats.url(),
         "",
-        &[
-            ("LOOPGUARD__NATS__USER", "lg"),
-            ("LOOPGUARD__NATS__PASSWORD", "pw"),
-        ],
     );
+    let lg = &restricted.lg;
     lg.until_logged("the server refused a subscription", 1)
         .await;
     let addr = lg.http_addr().await;
@@ -526,25 +515,14 @@ async fn a_subscription_the_server_refuses_leaves_loopguard_unready() {
 #[tokio::test]
 async fn a_refused_policy_request_under_the_prefix_is_logged_not_counted_as_a_drop() {
     use futures::StreamExt;
-    let dir = tempfile::tempdir().unwrap();
-    let conf = dir.path().join("nats.conf");
-    std::fs::write(
-        &conf,
+    let restricted = Restricted::start(
         "authorization { users = [\n\
          { user: lg, password: pw, permissions: { publish: { deny: [\"chat.policy.>\", \"chat.events.>\"] } } }\n\
          { user: t, password: pw }\n] }\n",
-    )
-    .unwrap();
-    let nats = NatsServer::start_with(&["-c", conf.to_str().unwrap()]);
-    let lg = Loopguard::spawn_env(
-        &nats.url(),
         "[rules.policy]\nsubject = \"chat.policy.check\"\ntimeout_ms = 200\nfail = \"open\"\n",
-        &[
-            ("LOOPGUARD__NATS__USER", "lg"),
-            ("LOOPGUARD__NATS__PASSWORD", "pw"),
-        ],
     );
-    until_ready(&lg).await;
+    let (nats, lg) = (&restricted.nats, &restricted.lg);
+    until_ready(lg).await;
     let client = within(
         "test client",
         async_nats::ConnectOptions::with_user_and_password("t".into(), "pw".into())
@@ -581,6 +559,9 @@ async fn a_refused_policy_request_under_the_prefix_is_logged_not_counted_as_a_dr
             && logs.contains("chat.policy.check"),
         "{logs}"
     );
+    // Nor does it stop anything coming in.
+    assert!(!logs.contains("stays unready"), "{logs}");
+    assert_eq!(support::http(&addr, "GET", "/readyz", &[]).await.0, 200);
     let scrape = support::Scrape::take(&addr).await;
     assert_eq!(
         scrape.get("loopguard_policy_requests_total", &[("outcome", "timeout")]),
@@ -594,8 +575,6 @@ async fn a_refused_policy_request_under_the_prefix_is_logged_not_counted_as_a_dr
 /// pull or acknowledgement, no restart is needed.
 #[tokio::test]
 async fn a_refused_jetstream_set_up_call_is_retried_until_granted() {
-    let dir = tempfile::tempdir().unwrap();
-    let conf = dir.path().join("nats.conf");
     let store = tempfile::tempdir().unwrap();
     // JetStream in the file, not by flags: a reload reads it from there.
     let users = |lg_permissions: &str| {
@@ -607,28 +586,53 @@ async fn a_refused_jetstream_set_up_call_is_retried_until_granted() {
             store.path()
         )
     };
-    std::fs::write(
-        &conf,
-        users(", permissions: { publish: { deny: [\"$JS.API.STREAM.LIST\"] } }"),
-    )
-    .unwrap();
-    let nats = NatsServer::start_with(&["-c", conf.to_str().unwrap()]);
-    let lg = Loopguard::spawn_env(
-        &nats.url(),
+    let restricted = Restricted::start(
+        &users(", permissions: { publish: { deny: [\"$JS.API.STREAM.LIST\"] } }"),
         "[nats.jetstream]\nenabled = true\negress_acks = true\n",
-        &[
-            ("LOOPGUARD__NATS__USER", "lg"),
-            ("LOOPGUARD__NATS__PASSWORD", "pw"),
-        ],
     );
+    let (nats, lg) = (&restricted.nats, &restricted.lg);
     lg.until_logged("the server refused a publish loopguard needs", 1)
         .await;
     assert!(lg.logs().contains("$JS.API.STREAM.LIST"), "{}", lg.logs());
     let addr = lg.http_addr().await;
     assert_eq!(support::http(&addr, "GET", "/readyz", &[]).await.0, 503);
-    std::fs::write(&conf, users("")).unwrap();
+    std::fs::write(&restricted.conf, users("")).unwrap();
     nats.reload();
-    until_ready(&lg).await;
+    until_ready(lg).await;
+}
+
+/// A nats-server started with a configuration file (kept, for a reload),
+/// and loopguard connected to it as user `lg`, password `pw`.
+struct Restricted {
+    // Dropped in this order: loopguard before its server.
+    lg: Loopguard,
+    nats: NatsServer,
+    conf: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Restricted {
+    /// `conf` is the server's configuration, `toml` loopguard's.
+    fn start(conf: &str, toml: &str) -> Restricted {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nats.conf");
+        std::fs::write(&path, conf).unwrap();
+        let nats = NatsServer::start_with(&["-c", path.to_str().unwrap()]);
+        let lg = Loopguard::spawn_env(
+            &nats.url(),
+            toml,
+            &[
+                ("LOOPGUARD__NATS__USER", "lg"),
+                ("LOOPGUARD__NATS__PASSWORD", "pw"),
+            ],
+        );
+        Restricted {
+            lg,
+            nats,
+            conf: path,
+            _dir: dir,
+        }
+    }
 }
 
 /// Waits until loopguard's `/readyz` answers 200.

@@ -343,7 +343,10 @@ async fn readiness_waits_for_a_round_trip_on_each_new_connection() {
         .await
         .unwrap();
     let readiness = loopguard::admin::Readiness::default();
-    readiness.subscribed(client.clone());
+    // Subscribed, with a round trip on this connection.
+    let connects = loopguard::admin::connects(&client);
+    support::within("flush", client.flush()).await.unwrap();
+    readiness.subscribed(client.clone(), Some(connects));
     assert!(readiness.is_ready());
     client.statistics().connects.fetch_add(1, Ordering::SeqCst);
     assert!(
