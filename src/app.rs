@@ -639,26 +639,23 @@ enum Refused {
     Other,
 }
 
-/// Reads a `Permissions Violation for Publish …` error of the server.
-fn refused_publish(error: &str, subjects: &Subjects, jetstream: bool) -> Refused {
-    if let Some((_, rest)) = error.split_once("Publish to \"") {
-        let subject = rest.split_once('"').map_or(rest, |(subject, _)| subject);
-        return if subjects.is_egress(subject) {
-            Refused::Output
-        } else if subject.starts_with("$JS.ACK.")
-            || subject.starts_with("$JS.API.CONSUMER.MSG.NEXT.")
-        {
-            Refused::Intake
-        } else {
-            Refused::Other
-        };
+/// Reads a `Permissions Violation for Publish to "S"` error of the server.
+/// (Its other publish error, `… with Reply of "R"`, is for replies to
+/// reserved subjects, `_R_.…` or `$JS.ACK.…`: loopguard sends none. Its
+/// replies are `_INBOX.…` subjects, which publish permissions do not
+/// check; a refused subscription to them is a subscription error.)
+fn refused_publish(error: &str, subjects: &Subjects) -> Refused {
+    let Some((_, rest)) = error.split_once("Publish to \"") else {
+        return Refused::Other;
+    };
+    let subject = rest.split_once('"').map_or(rest, |(subject, _)| subject);
+    if subjects.is_egress(subject) {
+        Refused::Output
+    } else if subject.starts_with("$JS.ACK.") || subject.starts_with("$JS.API.CONSUMER.MSG.NEXT.") {
+        Refused::Intake
+    } else {
+        Refused::Other
     }
-    // `… with Reply of "_INBOX…"`: no request gets its answer, a pull's
-    // messages among them.
-    if jetstream && error.contains("with Reply of") {
-        return Refused::Intake;
-    }
-    Refused::Other
 }
 
 /// Connects with unbounded retries, from the first attempt on: a NATS
@@ -674,7 +671,6 @@ async fn connect(
     let readiness = readiness.clone();
     // What a refused publish of loopguard's own output goes to.
     let subjects = Arc::new(Subjects::new(&config.nats.prefix));
-    let jetstream = config.nats.jetstream.enabled;
     let options = async_nats::ConnectOptions::new()
         .name("loopguard")
         // Every subject loopguard publishes or sends a request to is built
@@ -749,7 +745,7 @@ async fn connect(
                     async_nats::Event::ServerError(async_nats::ServerError::Other(e))
                         if e.starts_with("Permissions Violation for Publish") =>
                     {
-                        match refused_publish(&e, &subjects, jetstream) {
+                        match refused_publish(&e, &subjects) {
                             Refused::Output => m.dropped(
                                 DropReason::PublishError,
                                 &format_args!("the server refused a publish: {e}"),
@@ -820,37 +816,23 @@ mod tests {
     fn a_refused_publish_is_read_by_what_it_stops() {
         let subjects = Subjects::new("chat");
         let refused = |subject: &str| format!("Permissions Violation for Publish to \"{subject}\"");
-        for (error, jetstream, what) in [
-            (refused("chat.public.w"), false, Refused::Output),
-            (refused("chat.private.w.a"), true, Refused::Output),
-            (refused("chat.events.w"), false, Refused::Output),
+        for (error, what) in [
+            (refused("chat.public.w"), Refused::Output),
+            (refused("chat.private.w.a"), Refused::Output),
+            (refused("chat.events.w"), Refused::Output),
             // A policy subject beside them under the prefix.
-            (refused("chat.policy.check"), false, Refused::Other),
-            (refused("$JS.ACK.S.C.1.2.3.4.0"), true, Refused::Intake),
-            (
-                refused("$JS.API.CONSUMER.MSG.NEXT.S.C"),
-                true,
-                Refused::Intake,
-            ),
+            (refused("chat.policy.check"), Refused::Other),
+            (refused("$JS.ACK.S.C.1.2.3.4.0"), Refused::Intake),
+            (refused("$JS.API.CONSUMER.MSG.NEXT.S.C"), Refused::Intake),
             // Set-up calls are retried.
-            (refused("$JS.API.STREAM.LIST"), true, Refused::Other),
-            (refused("$JS.API.CONSUMER.CREATE.S.C"), true, Refused::Other),
+            (refused("$JS.API.STREAM.LIST"), Refused::Other),
+            (refused("$JS.API.CONSUMER.CREATE.S.C"), Refused::Other),
             (
-                "Permissions Violation for Publish with Reply of \"_INBOX.x.y\"".into(),
-                true,
-                Refused::Intake,
-            ),
-            (
-                "Permissions Violation for Publish with Reply of \"_INBOX.x.y\"".into(),
-                false,
+                "Permissions Violation for Publish with Reply of \"_R_.x\"".into(),
                 Refused::Other,
             ),
         ] {
-            assert_eq!(
-                refused_publish(&error, &subjects, jetstream),
-                what,
-                "{error}"
-            );
+            assert_eq!(refused_publish(&error, &subjects), what, "{error}");
         }
     }
 }
