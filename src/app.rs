@@ -115,7 +115,7 @@ pub async fn run(
         }),
     ));
 
-    let client = connect(&settings, &metrics, &readiness).await?;
+    let client = connect(&settings, judge.subjects(), &metrics, &readiness).await?;
     // One stop signal, observable by every stage: set-up retries, intake
     // and the grace timer.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -662,6 +662,7 @@ fn refused_publish(error: &str, subjects: &Subjects) -> Refused {
 /// server that is not up yet must not stop loopguard (contract §6).
 async fn connect(
     settings: &Settings,
+    subjects: &Subjects,
     metrics: &Metrics,
     readiness: &Arc<Readiness>,
 ) -> Result<async_nats::Client, AppError> {
@@ -670,7 +671,7 @@ async fn connect(
     let m = metrics.clone();
     let readiness = readiness.clone();
     // What a refused publish of loopguard's own output goes to.
-    let subjects = Arc::new(Subjects::new(&config.nats.prefix));
+    let subjects = Arc::new(subjects.clone());
     let options = async_nats::ConnectOptions::new()
         .name("loopguard")
         // Every subject loopguard publishes or sends a request to is built
