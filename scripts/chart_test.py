@@ -263,6 +263,22 @@ def main():
             fail(f"the schema {'refused' if accepted else 'accepted'} serviceMonitor.interval={value!r}: {p.stderr}")
     ok("values.schema.json rejects wrong types, unknown keys, bad names, out-of-range values and combinations loopguard refuses")
 
+    # 4b. log.level: the schema accepts exactly the filters loopguard starts
+    # with (a values file: --set would read the braces as a list).
+    for level in ["info", " info\n", "loopguard = debug", "info,loopguard =trace", "[{req=abc}]",
+                  "info, [{req=a b}]=debug", "target[{req=abc}]", "warning", "loopguard=verbose",
+                  "[{a}]=verbose", "info, loopgaurd"]:
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            yaml.safe_dump({"config": {"log": {"level": level}}}, f)
+        p = helm("template", "lg", CHART, "-f", f.name, expect_ok=False)
+        os.unlink(f.name)
+        schema = p.returncode == 0
+        binary = loopguard_check(f'[log]\nlevel = {json.dumps(level)}\n').returncode == 0
+        if schema != binary:
+            fail(f"log.level {level!r}: the schema {'accepts' if schema else 'refuses'} it, "
+                 f"loopguard {'starts' if binary else 'refuses'}: {p.stderr}")
+    ok("the schema and loopguard --check agree on each log.level filter tried")
+
     # 5. PrometheusRule == config/prometheus/alerts.yml, and promtool agrees
     rule = by_kind(rendered["full"][1], "PrometheusRule")
     with open(os.path.join(ROOT, "config", "prometheus", "alerts.yml")) as f:

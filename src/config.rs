@@ -1070,16 +1070,18 @@ impl Config {
     /// Checks every value and resolves per-world settings.
     pub fn validate(mut self) -> Result<Settings, ConfigError> {
         // The filter syntax takes no spaces around its directives: ` info`
-        // would be a target to log everything of (and nothing else), and
-        // `info, async_nats=debug` no filter at all. A YAML block scalar
-        // ends in a newline too. So each directive is trimmed here, once,
-        // for the check below and for the filter `main` builds.
+        // would be a target to log everything of (and nothing else),
+        // `info, async_nats=debug` no filter at all, and `loopguard =debug`
+        // a target named `loopguard ` that nothing logs to. A YAML block
+        // scalar ends in a newline too. So each directive, and each side
+        // of a target's `=level`, is trimmed here, once, for the check
+        // below and for the filter `main` builds.
         if self.log.level.contains(char::is_whitespace) {
             self.log.level = self
                 .log
                 .level
                 .split(',')
-                .map(str::trim)
+                .map(trim_directive)
                 .collect::<Vec<_>>()
                 .join(",");
         }
@@ -1159,14 +1161,11 @@ impl Config {
         // to log everything of, and nothing else: `warning` or `inof`
         // would silence loopguard. A target takes a level here
         // (`async_nats=debug`).
-        let levels = [
-            "error", "warn", "info", "debug", "trace", "off", "0", "1", "2", "3", "4", "5",
-        ];
-        if let Some(word) = self.log.level.split(',').find(|d| {
-            !d.is_empty()
-                && !d.contains(['=', '[', ']', '{', '}'])
-                && !levels.iter().any(|l| l.eq_ignore_ascii_case(d))
-        }) {
+        if let Some(word) =
+            self.log.level.split(',').find(|d| {
+                !d.is_empty() && !d.contains(['=', '[', ']', '{', '}']) && !is_log_level(d)
+            })
+        {
             return Err(invalid(
                 "log.level",
                 format!(
@@ -1343,6 +1342,28 @@ fn validate_rules(key: &str, rules: &RulesConfig, prefix: &str) -> Result<(), Co
         ));
     }
     Ok(())
+}
+
+/// Whether `word` is a level in the log filter syntax.
+fn is_log_level(word: &str) -> bool {
+    [
+        "error", "warn", "info", "debug", "trace", "off", "0", "1", "2", "3", "4", "5",
+    ]
+    .iter()
+    .any(|l| l.eq_ignore_ascii_case(word))
+}
+
+/// One log filter directive without the whitespace the syntax would read
+/// as part of a name: around it, and around the `=` before a level
+/// (`loopguard = debug`). A span's field (`[{req=a b}]`) is left as given.
+fn trim_directive(directive: &str) -> String {
+    let directive = directive.trim();
+    match directive.rsplit_once('=') {
+        Some((target, level)) if is_log_level(level.trim()) => {
+            format!("{}={}", target.trim_end(), level.trim())
+        }
+        _ => directive.to_owned(),
+    }
 }
 
 /// The prefix is one or more subject tokens of `[A-Za-z0-9_-]`.
@@ -1675,6 +1696,9 @@ mod tests {
             ("info\n", "info"),
             ("info, async_nats=debug", "info,async_nats=debug"),
             (" warn ,\tloopguard=trace ", "warn,loopguard=trace"),
+            ("info,loopguard =debug", "info,loopguard=debug"),
+            ("info, async_nats = warn", "info,async_nats=warn"),
+            ("info, [{req=a b}]=debug", "info,[{req=a b}]=debug"),
         ] {
             let toml = format!("[log]\nlevel = {given:?}\n");
             let settings = load_toml(&toml, &[]).unwrap_or_else(|e| panic!("{given:?}: {e}"));
