@@ -1069,22 +1069,6 @@ impl Config {
 
     /// Checks every value and resolves per-world settings.
     pub fn validate(mut self) -> Result<Settings, ConfigError> {
-        // The filter syntax takes no spaces around its directives: ` info`
-        // would be a target to log everything of (and nothing else),
-        // `info, async_nats=debug` no filter at all, and `loopguard =debug`
-        // a target named `loopguard ` that nothing logs to. A YAML block
-        // scalar ends in a newline too. So each directive, and each side
-        // of a target's `=level`, is trimmed here, once, for the check
-        // below and for the filter `main` builds.
-        if self.log.level.contains(char::is_whitespace) {
-            self.log.level = self
-                .log
-                .level
-                .split(',')
-                .map(trim_directive)
-                .collect::<Vec<_>>()
-                .join(",");
-        }
         self.nats.servers()?;
         self.nats.validate_auth()?;
         self.nats.validate_tls()?;
@@ -1151,29 +1135,8 @@ impl Config {
         if self.reload.watch_seconds > 86_400 {
             return Err(invalid("reload.watch_seconds", "must be 0 (off) to 86400"));
         }
-        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
-            return Err(invalid(
-                "log.level",
-                format!("{:?} is not a log filter: {e}", self.log.level),
-            ));
-        }
-        // The filter syntax reads a bare word that is no level as a target
-        // to log everything of, and nothing else: `warning` or `inof`
-        // would silence loopguard. A target takes a level here
-        // (`async_nats=debug`).
-        if let Some(word) =
-            self.log.level.split(',').find(|d| {
-                !d.is_empty() && !d.contains(['=', '[', ']', '{', '}']) && !is_log_level(d)
-            })
-        {
-            return Err(invalid(
-                "log.level",
-                format!(
-                    "{word:?} is not a level (error, warn, info, debug, trace, off); \
-                     to filter by target, give it a level (async_nats=debug)"
-                ),
-            ));
-        }
+        // Trimmed here, once, for the filter `main` builds too.
+        self.log.level = log_filter(&self.log.level).map_err(|e| invalid("log.level", e))?;
         validate_rules("rules", &self.rules, &self.nats.prefix)?;
         if self.runtime.threads == 0 || self.runtime.threads > 1024 {
             return Err(invalid("runtime.threads", "must be 1 to 1024"));
@@ -1342,6 +1305,42 @@ fn validate_rules(key: &str, rules: &RulesConfig, prefix: &str) -> Result<(), Co
         ));
     }
     Ok(())
+}
+
+/// A log filter as loopguard reads one (`log.level`, and `RUST_LOG`), or
+/// why it is refused.
+///
+/// The filter syntax takes no spaces around its directives: ` info` would
+/// be a target to log everything of (and nothing else), `info,
+/// async_nats=debug` no filter at all, and `loopguard =debug` a target
+/// named `loopguard ` that nothing logs to. A YAML block scalar ends in a
+/// newline too. So each directive, and each side of a target's `=level`,
+/// is trimmed. And the syntax reads a bare word that is no level as a
+/// target to log everything of, and nothing else: `warning` or `inof`
+/// would silence loopguard, so a target takes a level here
+/// (`async_nats=debug`).
+pub fn log_filter(text: &str) -> Result<String, String> {
+    let filter = if text.contains(char::is_whitespace) {
+        text.split(',')
+            .map(trim_directive)
+            .collect::<Vec<_>>()
+            .join(",")
+    } else {
+        text.to_owned()
+    };
+    if let Err(e) = tracing_subscriber::EnvFilter::try_new(&filter) {
+        return Err(format!("{filter:?} is not a log filter: {e}"));
+    }
+    if let Some(word) = filter
+        .split(',')
+        .find(|d| !d.is_empty() && !d.contains(['=', '[', ']', '{', '}']) && !is_log_level(d))
+    {
+        return Err(format!(
+            "{word:?} is not a level (error, warn, info, debug, trace, off); \
+             to filter by target, give it a level (async_nats=debug)"
+        ));
+    }
+    Ok(filter)
 }
 
 /// Whether `word` is a level in the log filter syntax.

@@ -23,23 +23,24 @@ struct Args {
 }
 
 /// Logs go to standard error, as text or JSON; `RUST_LOG` wins over
-/// `log.level` when set, unless it is no log filter (or not UTF-8): then
-/// `log.level` applies, and the first line says so.
+/// `log.level` when set, read as `log.level` is (trimmed, each bare word a
+/// level), unless loopguard would refuse it there (or it is not UTF-8):
+/// then `log.level` applies, and the first line says so.
 fn init_logs(log: &loopguard::config::LogConfig) {
     use tracing_subscriber::EnvFilter;
     let from_env = std::env::var_os("RUST_LOG").filter(|v| !v.is_empty());
     let parsed = from_env.as_deref().map(|v| match v.to_str() {
-        Some(text) => EnvFilter::try_new(text).map_err(|e| e.to_string()),
+        Some(text) => loopguard::config::log_filter(text),
         None => Err("not UTF-8".to_string()),
     });
     let (filter, refused) = match parsed {
-        Some(Ok(filter)) => (filter, None),
+        Some(Ok(filter)) => (EnvFilter::new(filter), None),
         Some(Err(e)) => (EnvFilter::new(&log.level), Some(e)),
         None => (EnvFilter::new(&log.level), None),
     };
     init_format(log, filter);
     if let (Some(e), Some(value)) = (refused, from_env) {
-        tracing::warn!(rust_log = ?value, error = %e, level = %log.level, "RUST_LOG is not a log filter; log.level applies");
+        tracing::warn!(rust_log = ?value, error = %e, level = %log.level, "RUST_LOG refused; log.level applies");
     }
 }
 

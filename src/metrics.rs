@@ -36,6 +36,9 @@ pub struct Metrics {
     by_state: [IntGauge; 5],
     /// Configuration reloads: [succeeded, refused].
     reloads: [IntCounter; 2],
+    /// 0 from a refused reload until one succeeds: the file in place is
+    /// one the next start refuses.
+    last_reload_ok: IntGauge,
     /// When each drop reason was last logged, and how many since.
     drop_log: Arc<[LogLimit; DropReason::ALL.len()]>,
 }
@@ -283,6 +286,12 @@ impl Metrics {
             &["result"],
         );
         let reloads = ["success", "failure"].map(|r| reloads_vec.with_label_values(&[r]));
+        let last_reload_ok = IntGauge::new(
+            "loopguard_config_last_reload_successful",
+            "0 from a refused configuration reload until one succeeds (the file in place is one the next start refuses); 1 otherwise, and at start.",
+        )
+        .expect("static gauge");
+        last_reload_ok.set(1);
         let ready = IntGauge::new(
             "loopguard_ready",
             "1 while connected to NATS, subscribed, refused nothing by the server's permissions and not draining (what /readyz answers).",
@@ -295,6 +304,7 @@ impl Metrics {
             Box::new(nats_connected.clone()),
             Box::new(nats_reconnects.clone()),
             Box::new(ready.clone()),
+            Box::new(last_reload_ok.clone()),
         ] {
             registry
                 .register(c)
@@ -317,6 +327,7 @@ impl Metrics {
             ready,
             dropped,
             reloads,
+            last_reload_ok,
             policy,
             policy_duration,
             by_state,
@@ -352,9 +363,11 @@ impl Metrics {
         self.policy[5].inc();
     }
 
-    /// Counts a configuration reload attempt.
+    /// Counts a configuration reload attempt, and keeps whether the last
+    /// one succeeded.
     pub fn reload(&self, ok: bool) {
         self.reloads[usize::from(!ok)].inc();
+        self.last_reload_ok.set(i64::from(ok));
     }
 
     /// Counts a drop and logs it, at most once per reason every ten

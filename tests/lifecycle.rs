@@ -646,18 +646,18 @@ async fn until_ready(lg: &Loopguard) {
     .await;
 }
 
-/// A `RUST_LOG` that is no log filter does not silence loopguard: its
-/// `log.level` applies (here `debug`, so a debug line shows), and the first
-/// line says why.
+/// A `RUST_LOG` that is no log filter, or one `log.level` would refuse,
+/// does not silence loopguard: its `log.level` applies (here `debug`, so a
+/// debug line shows), and the first line says why.
 #[tokio::test]
-async fn a_rust_log_that_is_no_filter_is_named_and_log_level_applies() {
+async fn a_rust_log_that_is_refused_is_named_and_log_level_applies() {
     let nats = NatsServer::start();
     let lg = Loopguard::spawn_env(
         &nats.url(),
         "[log]\nlevel = \"debug\"\n",
         &[("RUST_LOG", "loud=[")],
     );
-    lg.until_logged("RUST_LOG is not a log filter; log.level applies", 1)
+    lg.until_logged("RUST_LOG refused; log.level applies", 1)
         .await;
     lg.until_logged(" DEBUG ", 1).await;
     assert!(lg.logs().contains("loud=["), "{}", lg.logs());
@@ -668,10 +668,28 @@ async fn a_rust_log_that_is_no_filter_is_named_and_log_level_applies() {
         "[log]\nlevel = \"debug\"\n",
         &[("RUST_LOG", std::ffi::OsStr::from_bytes(b"loopguard=\xff"))],
     );
-    lg.until_logged("RUST_LOG is not a log filter; log.level applies", 1)
+    lg.until_logged("RUST_LOG refused; log.level applies", 1)
         .await;
     lg.until_logged(" DEBUG ", 1).await;
     assert!(lg.logs().contains("not UTF-8"), "{}", lg.logs());
+    // Nor one `log.level` would refuse: a bare word that is no level.
+    let lg = Loopguard::spawn_env(
+        &nats.url(),
+        "[log]\nlevel = \"debug\"\n",
+        &[("RUST_LOG", "warning")],
+    );
+    lg.until_logged("RUST_LOG refused; log.level applies", 1)
+        .await;
+    lg.until_logged(" DEBUG ", 1).await;
+    assert!(lg.logs().contains("is not a level"), "{}", lg.logs());
+    // One with spaces is read as `log.level` is: trimmed.
+    let lg = Loopguard::spawn_env(
+        &nats.url(),
+        "[log]\nlevel = \"error\"\n",
+        &[("RUST_LOG", " loopguard = info ")],
+    );
+    lg.until_logged("connected to NATS", 1).await;
+    assert!(!lg.logs().contains("RUST_LOG refused"), "{}", lg.logs());
 }
 
 #[tokio::test]
@@ -747,6 +765,8 @@ async fn sighup_reloads_rules_without_a_restart_and_refuses_an_invalid_config() 
     h.send_json("w", "agent", "alice", support::msg("three"))
         .await;
     assert_eq!(h.settle("w").await.event("w").body["rule"], "turns");
+    let last_ok = |s: &support::Scrape| s.get("loopguard_config_last_reload_successful", &[]);
+    assert_eq!(last_ok(&support::Scrape::take(&addr).await), 1.0);
 
     // An invalid file is refused; the running configuration stays.
     std::fs::write(h.loopguard.config_path(), "[rules.turns]\nmax = \"lots\"\n").unwrap();
@@ -763,6 +783,8 @@ async fn sighup_reloads_rules_without_a_restart_and_refuses_an_invalid_config() 
         scrape.get("loopguard_config_reloads_total", &[("result", "failure")]),
         1.0
     );
+    // Until a reload succeeds: what LoopguardConfigReloadFailing watches.
+    assert_eq!(last_ok(&scrape), 0.0);
     h.send_json("w", "human", "hank", support::msg("reset the turns"))
         .await;
     h.send_json("w", "agent", "alice", support::msg("four"))
@@ -776,6 +798,16 @@ async fn sighup_reloads_rules_without_a_restart_and_refuses_an_invalid_config() 
         "still max = 1"
     );
     assert!(h.loopguard.is_running());
+
+    // The file put right and reloaded: the refusal is over.
+    std::fs::write(
+        h.loopguard.config_path(),
+        "[rules.turns]\nmax = 1\n[rules.depth]\nmax = 0\n",
+    )
+    .unwrap();
+    h.loopguard.signal("HUP");
+    h.loopguard.until_logged("configuration reloaded", 2).await;
+    assert_eq!(last_ok(&support::Scrape::take(&addr).await), 1.0);
 }
 
 /// A CA and a server certificate for 127.0.0.1, made with the openssl CLI.
