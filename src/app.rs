@@ -15,7 +15,7 @@ use crate::ingest::jetstream::JetStreamError;
 use crate::ingest::{self, Dispatcher};
 use crate::judge::{self, Judge};
 use crate::metrics::{DropReason, Metrics};
-use crate::publish::Publisher;
+use crate::publish::{self, Publisher};
 use crate::subject::Subjects;
 
 /// Why loopguard could not run.
@@ -115,7 +115,9 @@ pub async fn run(
         }),
     ));
 
-    let client = connect(&settings, judge.subjects(), &metrics, &readiness).await?;
+    // Egress subjects the server refused a publish to (`egress_acks`).
+    let refusals = Arc::new(publish::Refusals::default());
+    let client = connect(&settings, judge.subjects(), &metrics, &readiness, &refusals).await?;
     // One stop signal, observable by every stage: set-up retries, intake
     // and the grace timer.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -217,7 +219,13 @@ pub async fn run(
     // publish overlap another's decision; with more threads, one per thread.
     let workers = config.runtime.threads.max(2);
     let publisher = if jetstream.enabled && jetstream.egress_acks {
-        Publisher::answered(client.clone(), metrics.clone(), &captured, ack_wait)
+        Publisher::answered(
+            client.clone(),
+            metrics.clone(),
+            &captured,
+            ack_wait,
+            refusals,
+        )
     } else {
         Publisher::new(client.clone(), metrics.clone())
     };
@@ -627,9 +635,9 @@ fn round_trip_on(before: u64, after: u64) -> Option<u64> {
 
 /// What a publish the server's permissions refused was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Refused {
-    /// A copy, notice or event: an output not sent.
-    Output,
+enum Refused<'a> {
+    /// A copy, notice or event, to this subject: an output not sent.
+    Output(&'a str),
     /// A JetStream acknowledgement (nothing is finished) or pull (nothing
     /// comes in): not ready until a restart.
     Intake,
@@ -644,13 +652,13 @@ enum Refused {
 /// reserved subjects, `_R_.…` or `$JS.ACK.…`: loopguard sends none. Its
 /// replies are `_INBOX.…` subjects, which publish permissions do not
 /// check; a refused subscription to them is a subscription error.)
-fn refused_publish(error: &str, subjects: &Subjects) -> Refused {
+fn refused_publish<'a>(error: &'a str, subjects: &Subjects) -> Refused<'a> {
     let Some((_, rest)) = error.split_once("Publish to \"") else {
         return Refused::Other;
     };
     let subject = rest.split_once('"').map_or(rest, |(subject, _)| subject);
     if subjects.is_egress(subject) {
-        Refused::Output
+        Refused::Output(subject)
     } else if subject.starts_with("$JS.ACK.") || subject.starts_with("$JS.API.CONSUMER.MSG.NEXT.") {
         Refused::Intake
     } else {
@@ -665,6 +673,7 @@ async fn connect(
     subjects: &Subjects,
     metrics: &Metrics,
     readiness: &Arc<Readiness>,
+    refusals: &Arc<publish::Refusals>,
 ) -> Result<async_nats::Client, AppError> {
     let config = &settings.config;
     let was_connected = Arc::new(AtomicBool::new(false));
@@ -672,6 +681,7 @@ async fn connect(
     let readiness = readiness.clone();
     // What a refused publish of loopguard's own output goes to.
     let subjects = Arc::new(subjects.clone());
+    let refusals = refusals.clone();
     let options = async_nats::ConnectOptions::new()
         .name("loopguard")
         // Every subject loopguard publishes or sends a request to is built
@@ -689,6 +699,7 @@ async fn connect(
             let was_connected = was_connected.clone();
             let readiness = readiness.clone();
             let subjects = subjects.clone();
+            let refusals = refusals.clone();
             async move {
                 match event {
                     async_nats::Event::Connected => {
@@ -747,10 +758,15 @@ async fn connect(
                         if e.starts_with("Permissions Violation for Publish") =>
                     {
                         match refused_publish(&e, &subjects) {
-                            Refused::Output => m.dropped(
-                                DropReason::PublishError,
-                                &format_args!("the server refused a publish: {e}"),
-                            ),
+                            Refused::Output(subject) => {
+                                // A JetStream publish's wait for an answer
+                                // ends here, not in a redelivery.
+                                refusals.record(subject);
+                                m.dropped(
+                                    DropReason::PublishError,
+                                    &format_args!("the server refused a publish: {e}"),
+                                );
+                            }
                             Refused::Intake => {
                                 readiness.refused();
                                 tracing::error!(error = %e, "the server refused a publish loopguard needs: it stays unready; grant it, then restart loopguard");
@@ -818,9 +834,12 @@ mod tests {
         let subjects = Subjects::new("chat");
         let refused = |subject: &str| format!("Permissions Violation for Publish to \"{subject}\"");
         for (error, what) in [
-            (refused("chat.public.w"), Refused::Output),
-            (refused("chat.private.w.a"), Refused::Output),
-            (refused("chat.events.w"), Refused::Output),
+            (refused("chat.public.w"), Refused::Output("chat.public.w")),
+            (
+                refused("chat.private.w.a"),
+                Refused::Output("chat.private.w.a"),
+            ),
+            (refused("chat.events.w"), Refused::Output("chat.events.w")),
             // A policy subject beside them under the prefix.
             (refused("chat.policy.check"), Refused::Other),
             (refused("$JS.ACK.S.C.1.2.3.4.0"), Refused::Intake),

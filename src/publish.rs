@@ -1,6 +1,7 @@
 //! Publishing decided messages to NATS, in the order the judge queued them.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
@@ -38,6 +39,42 @@ struct Answered {
     /// Subject prefixes (`P.public.`) of the egress families a stream
     /// captures whole.
     prefixes: Vec<String>,
+    /// Subjects the server's permissions refused a publish to.
+    refusals: Arc<Refusals>,
+}
+
+/// Egress subjects the server's permissions refused a publish to, and when
+/// (the client's error events, see `app::connect`). The server tells the
+/// connection, not the reply subject, so a refused JetStream publish is
+/// never answered: its wait ends in a timeout, which alone would leave the
+/// input for redelivery, refused again, for ever.
+#[derive(Default)]
+pub struct Refusals(Mutex<HashMap<Box<str>, Instant>>);
+
+/// Subjects [`Refusals`] holds at most: past it, those older than any
+/// answer still awaited go, or all (an answer whose refusal is forgotten
+/// times out, and its input is redelivered: nothing is lost).
+const MAX_REFUSALS: usize = 4096;
+
+impl Refusals {
+    /// Notes that the server refused a publish to `subject` just now.
+    pub fn record(&self, subject: &str) {
+        let mut refused = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if refused.len() >= MAX_REFUSALS && !refused.contains_key(subject) {
+            refused.retain(|_, at| at.elapsed() < 2 * ANSWER_TIMEOUT);
+            if refused.len() >= MAX_REFUSALS {
+                refused.clear();
+            }
+        }
+        refused.insert(subject.into(), Instant::now());
+    }
+
+    /// Whether the server refused a publish to `subject` at or after
+    /// `sent`: the one sent then, as the server refuses in order.
+    fn since(&self, subject: &str, sent: Instant) -> bool {
+        let refused = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        refused.get(subject).is_some_and(|at| *at >= sent)
+    }
 }
 
 impl Publisher {
@@ -61,6 +98,7 @@ impl Publisher {
         metrics: Metrics,
         captured: &[String],
         ack_wait: Duration,
+        refusals: Arc<Refusals>,
     ) -> Publisher {
         let jetstream = async_nats::jetstream::ContextBuilder::new()
             .timeout(ANSWER_TIMEOUT.min(ack_wait / 2))
@@ -78,6 +116,7 @@ impl Publisher {
             answered: Some(Answered {
                 jetstream,
                 prefixes,
+                refusals,
             }),
             metrics,
             breakers: Arc::default(),
@@ -123,15 +162,21 @@ impl Publisher {
     /// the core path, so its input is not redelivered forever.
     pub async fn send_answered(&self, out: Outbound) -> Option<Answer> {
         debug_assert_safe(&out.subject);
-        let jetstream = &self.answered.as_ref()?.jetstream;
+        let answered = self.answered.as_ref()?;
         let delivery = out.delivery;
         let mut publish =
             async_nats::jetstream::message::PublishMessage::build().payload(out.payload);
         if let Some(id) = out.msg_id {
             publish = publish.message_id(id);
         }
-        match jetstream.send_publish(out.subject, publish).await {
-            Ok(answer) => Some(Answer::Awaited(answer, delivery)),
+        let (subject, sent) = (out.subject.clone(), Instant::now());
+        match answered.jetstream.send_publish(out.subject, publish).await {
+            Ok(answer) => Some(Answer::Awaited {
+                answer,
+                delivery,
+                subject,
+                sent,
+            }),
             Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
                 self.metrics.dropped(DropReason::PublishError, &e);
                 Some(Answer::Done)
@@ -145,11 +190,18 @@ impl Publisher {
 
     /// Waits for the stream's answer to one output: true once it is settled
     /// (stored, and counted as a delivery, or refused, which is counted as a
-    /// publish error), false when no stream answered (timed out, the
+    /// publish error: by the stream, here, by the server's permissions,
+    /// when its error came), false when no stream answered (timed out, the
     /// connection went, or "no responders": the stream is not there now), so
     /// the input must be redelivered.
     pub async fn settled(&self, answer: Answer) -> bool {
-        let Answer::Awaited(answer, delivery) = answer else {
+        let Answer::Awaited {
+            answer,
+            delivery,
+            subject,
+            sent,
+        } = answer
+        else {
             return true;
         };
         match answer.await {
@@ -163,6 +215,10 @@ impl Publisher {
                 self.metrics.dropped(DropReason::PublishError, &e);
                 true
             }
+            Err(e) if e.kind() == PublishErrorKind::TimedOut => self
+                .answered
+                .as_ref()
+                .is_some_and(|a| a.refusals.since(&subject, sent)),
             Err(_) => false,
         }
     }
@@ -250,8 +306,15 @@ impl Publisher {
 /// The server's answer to one JetStream publish, still to come or already
 /// known.
 pub enum Answer {
-    /// The answer, and where the copy counts as a delivery once stored.
-    Awaited(PublishAckFuture, Option<crate::routing::Visibility>),
+    Awaited {
+        answer: PublishAckFuture,
+        /// Where the copy counts as a delivery once stored.
+        delivery: Option<crate::routing::Visibility>,
+        /// Where and when it was sent: a timeout is a refusal when the
+        /// server's permissions refused that subject since.
+        subject: String,
+        sent: Instant,
+    },
     Done,
 }
 
@@ -292,5 +355,30 @@ mod tests {
         // The stream answered with an error: sending again would not help.
         assert!(refused(PublishErrorKind::Other));
         assert!(refused(PublishErrorKind::WrongLastSequence));
+    }
+
+    #[test]
+    fn a_refusal_counts_for_publishes_sent_before_it_to_its_subject() {
+        let refusals = Refusals::default();
+        let sent = Instant::now();
+        assert!(!refusals.since("chat.public.w", sent));
+        refusals.record("chat.public.w");
+        assert!(refusals.since("chat.public.w", sent));
+        assert!(!refusals.since("chat.public.v", sent), "another subject");
+        let later = Instant::now() + Duration::from_millis(1);
+        assert!(!refusals.since("chat.public.w", later), "sent after it");
+    }
+
+    #[test]
+    fn refusals_are_bounded() {
+        let refusals = Refusals::default();
+        let sent = Instant::now();
+        for i in 0..=MAX_REFUSALS {
+            refusals.record(&format!("chat.public.w{i}"));
+        }
+        let held = refusals.0.lock().unwrap().len();
+        assert!(held <= MAX_REFUSALS, "{held}");
+        let newest = format!("chat.public.w{MAX_REFUSALS}");
+        assert!(refusals.since(&newest, sent), "the newest is kept");
     }
 }

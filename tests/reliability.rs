@@ -585,6 +585,60 @@ async fn copies_a_full_egress_stream_refuses_are_counted_not_redelivered() {
     );
 }
 
+/// With `egress_acks`, a copy the server's permissions refuse is never
+/// answered (the server tells the connection, not the stream's reply):
+/// counted as a publish error and its message acknowledged, as a refused
+/// core copy's is, rather than redelivered, refused again, for ever, each
+/// holding one of the consumer's `max_ack_pending` places until ingest
+/// stops.
+#[tokio::test]
+async fn a_copy_the_server_s_permissions_refuse_is_counted_not_redelivered() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("nats.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "jetstream {{ store_dir: {:?} }}\n\
+             authorization {{ users = [\n\
+             {{ user: lg, password: pw, permissions: {{ publish: {{ deny: [\"chat.public.w1\"] }} }} }}\n\
+             {{ user: t, password: pw }}\n] }}\n",
+            dir.path().join("js")
+        ),
+    )
+    .unwrap();
+    let nats = NatsServer::start_with(&["-c", conf.to_str().unwrap()]);
+    let client = within(
+        "test client",
+        async_nats::ConnectOptions::with_user_and_password("t".into(), "pw".into())
+            .connect(nats.url()),
+    )
+    .await
+    .expect("test client connects");
+    let js = jetstream::new(client);
+    egress_stream(&js).await;
+    let lg = Loopguard::spawn_env(
+        &nats.url(),
+        &js_acks_config(),
+        &[
+            ("LOOPGUARD__NATS__USER", "lg"),
+            ("LOOPGUARD__NATS__PASSWORD", "pw"),
+        ],
+    );
+    until_ready(&lg).await;
+    // w0's copies are stored, w1's refused.
+    publish_each(&js, 0..6, |i| format!("chat.raw.w{}.agent.a", i % 2)).await;
+    until_ingest_acknowledged(&js, &lg).await;
+    assert_eq!(stream_messages(&js, "EGRESS").await, 3);
+    let scrape = support::Scrape::take(&lg.http_addr().await).await;
+    // At least: a redelivery (a slow machine, `ack_wait` of 2 s) is
+    // refused and counted again.
+    let refused = scrape.get("loopguard_dropped_total", &[("reason", "publish_error")]);
+    assert!(refused >= 3.0, "{refused}\n{}", lg.logs());
+    // A delivery is a copy the stream stored (again, after a redelivery).
+    let delivered = scrape.get("loopguard_deliveries_total", &[("visibility", "public")]);
+    assert!(delivered >= 3.0, "{delivered}\n{}", lg.logs());
+}
+
 /// A stream that captures only part of an egress family cannot answer
 /// every copy of it: loopguard says so at start-up and confirms that
 /// family's copies by a flush, so no copy waits for an answer that never
