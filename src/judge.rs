@@ -584,6 +584,7 @@ impl Judge {
         let mut env = match envelope::parse(payload, fallback_id, config.limits.max_payload_bytes) {
             Ok(env) => env,
             Err(e) => {
+                self.worlds.renew(&world, settings.world(&world), now);
                 let id = rejected_id(fallback_id, config.limits.max_payload_bytes);
                 return Decision::rejected(
                     Some(world),
@@ -1280,6 +1281,41 @@ mod tests {
         assert_eq!(e["sender_kind"], Value::Null);
         assert_eq!(e["sender"], "r2");
         assert_eq!(d.outbound.len(), 1, "nothing but the event");
+    }
+
+    /// Every message to a world counts as use, rejected ones too, those
+    /// whose payload cannot be read among them: a paused world written to
+    /// stays paused past `idle_seconds` after its last readable message.
+    /// Such a message to a world not held makes none.
+    #[test]
+    fn an_unreadable_message_counts_as_use_of_its_world() {
+        let rig = Rig::new(|c| {
+            c.rules.turns.max = 1;
+            c.state.idle_seconds = 60;
+        });
+        rig.send("agent", "alice", r#"{"content":"one"}"#);
+        assert_eq!(event(&rig.send("agent", "bob", "two"))["rule"], "turns");
+        let unreadable = |world: &str| {
+            let subject = format!("chat.raw.{world}.agent.alice");
+            let origin = rig.judge.subjects().parse(&subject);
+            rig.judge
+                .decide(origin, b"\xff", FallbackId::default())
+                .expect("not a join")
+        };
+        rig.advance(50);
+        assert_eq!(event(&unreadable("w"))["rule"], "invalid");
+        rig.advance(50);
+        assert_eq!(
+            event(&rig.send("agent", "bob", "three"))["rule"],
+            "turns",
+            "still paused 100 s after its last readable message"
+        );
+        unreadable("elsewhere");
+        assert!(rig
+            .judge
+            .worlds
+            .get(&Name::parse("elsewhere").unwrap(), rig.clock.now())
+            .is_none());
     }
 
     #[test]

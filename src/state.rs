@@ -1418,6 +1418,16 @@ impl Worlds {
         handle
     }
 
+    /// Counts a message whose payload could not be read (rejected as
+    /// invalid or too large) as use of `world`, if held: the contract
+    /// counts every message to a world as use, rejected ones too. None is
+    /// made for it.
+    pub fn renew(&self, world: &Name, settings: &Arc<WorldSettings>, now: Instant) {
+        if self.cache.contains_key(world) {
+            self.get_or_create(world, settings, now);
+        }
+    }
+
     /// `now` as whole seconds after the cache was made: the time a
     /// [`World`] keeps of its last message.
     fn second(&self, now: Instant) -> u32 {
