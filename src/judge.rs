@@ -137,7 +137,7 @@ struct Effects {
     now: Instant,
     /// The sending agent and how many approval times to keep for it.
     agent: Option<(Name, usize)>,
-    human: bool,
+    kind: SenderKind,
     sender: Name,
     concludes: bool,
     /// How far back the conversation state looks (two of its windows).
@@ -164,7 +164,7 @@ fn commit(w: &mut WorldState, e: Effects) {
         takes_turn: e.takes_turn,
     });
     w.forget_activity_older_than(e.now, e.activity_keep);
-    w.observe_conversation(e.human, &e.sender, e.concludes, &e.mentioned, e.now);
+    w.observe_conversation(e.kind, &e.sender, e.concludes, &e.mentioned, e.now);
     if let Some((entry, keep)) = e.context {
         w.remember_context(entry, keep);
     }
@@ -724,7 +724,7 @@ impl Judge {
             content_hash,
             now,
             agent: is_agent.then(|| (sender.clone(), limits.rate.max as usize)),
-            human: kind == SenderKind::Human,
+            kind,
             sender: sender.clone(),
             concludes,
             activity_keep: std::time::Duration::from_secs(

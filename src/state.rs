@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use crate::config::{Settings, WorldSettings};
 use crate::names::Name;
 use crate::rules::similar::Words;
+use crate::subject::SenderKind;
 
 /// Most agents on one world's roster; the least recently seen go first.
 pub const MAX_AGENTS: usize = 1024;
@@ -947,10 +948,10 @@ fn push_window<T>(window: &mut VecDeque<T>, item: T, cap: usize) -> Option<T> {
 
 /// A speaker's key in the activity log (a human and an agent of the same
 /// name stay apart).
-fn speaker_key(human: bool, name: &Name) -> u64 {
+fn speaker_key(kind: SenderKind, name: &Name) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (human, name.as_str()).hash(&mut h);
+    (kind, name.as_str()).hash(&mut h);
     h.finish()
 }
 
@@ -1006,10 +1007,11 @@ impl WorldState {
     /// Records an approved message for the conversation state: its time and
     /// speaker; a conclusion concludes, a human reopens, and after a
     /// conclusion the agents a message mentions (`mentioned`: routed to by
-    /// mention, not by broadcast) may each reply once.
+    /// mention, not by broadcast) may each reply once. A speaker is its
+    /// kind and name: a system sender named as an agent is another one.
     pub fn observe_conversation(
         &mut self,
-        human: bool,
+        kind: SenderKind,
         speaker: &Name,
         concludes: bool,
         mentioned: &[Name],
@@ -1017,7 +1019,7 @@ impl WorldState {
     ) {
         push_window(
             &mut self.activity,
-            (now, speaker_key(human, speaker)),
+            (now, speaker_key(kind, speaker)),
             MAX_ACTIVITY,
         );
         if concludes {
@@ -1028,7 +1030,7 @@ impl WorldState {
             allowed.extend(mentioned.iter().take(MAX_MENTIONED).cloned());
             return;
         }
-        if human {
+        if kind == SenderKind::Human {
             self.concluded = false;
             if let Some(extras) = &mut self.extras {
                 extras.mentioned.clear();
@@ -1037,7 +1039,9 @@ impl WorldState {
         }
         if self.concluded {
             let allowed = &mut self.extras_mut().mentioned;
-            allowed.retain(|a| a != speaker); // its reply is used
+            if kind == SenderKind::Agent {
+                allowed.retain(|a| a != speaker); // its reply is used
+            }
             for agent in mentioned {
                 if !allowed.contains(agent) && allowed.len() < MAX_MENTIONED {
                     allowed.push(agent.clone());
@@ -2028,9 +2032,9 @@ mod tests {
         for i in 0..600u64 {
             let now = t0 + Duration::from_secs(i) / 2 + Duration::from_secs(i / 100 * 50);
             let who = if i % 3 == 0 { &a } else { &b };
-            kept.observe_conversation(false, who, false, &[], now);
+            kept.observe_conversation(SenderKind::Agent, who, false, &[], now);
             trimmed.forget_activity_older_than(now, window * 2);
-            trimmed.observe_conversation(false, who, false, &[], now);
+            trimmed.observe_conversation(SenderKind::Agent, who, false, &[], now);
             for later in [0, 30, 61, 119, 121] {
                 let at = now + Duration::from_secs(later);
                 assert_eq!(
@@ -2372,11 +2376,11 @@ mod tests {
         let at = |s: u64| t0 + Duration::from_secs(s);
         assert_eq!(w.conversation(t0, win, hot), Conversation::Cold);
         let (a, b, h) = (name("a"), name("b"), name("h"));
-        w.observe_conversation(false, &a, false, &[], at(0));
+        w.observe_conversation(SenderKind::Agent, &a, false, &[], at(0));
         assert_eq!(w.conversation(at(1), win, hot), Conversation::Warming);
         for i in 0..4 {
             w.observe_conversation(
-                false,
+                SenderKind::Agent,
                 if i % 2 == 0 { &a } else { &b },
                 false,
                 &[],
@@ -2387,18 +2391,31 @@ mod tests {
         // one speaker alone is not hot, however many messages
         let (mut solo, _) = world(&[]);
         for i in 0..10 {
-            solo.observe_conversation(false, &a, false, &[], at(i));
+            solo.observe_conversation(SenderKind::Agent, &a, false, &[], at(i));
         }
         assert_eq!(solo.conversation(at(11), win, hot), Conversation::Warming);
         // a quieter minute after a busy one is cooling, then cold
-        w.observe_conversation(false, &a, false, &[], at(70));
+        w.observe_conversation(SenderKind::Agent, &a, false, &[], at(70));
         assert_eq!(w.conversation(at(75), win, hot), Conversation::Cooling);
         assert_eq!(w.conversation(at(200), win, hot), Conversation::Cold);
         // concluded until a human speaks
-        w.observe_conversation(true, &h, true, &[], at(201));
+        w.observe_conversation(SenderKind::Human, &h, true, &[], at(201));
         assert_eq!(w.conversation(at(202), win, hot), Conversation::Concluded);
-        w.observe_conversation(true, &h, false, &[], at(203));
+        w.observe_conversation(SenderKind::Human, &h, false, &[], at(203));
         assert_ne!(w.conversation(at(204), win, hot), Conversation::Concluded);
+    }
+
+    /// After "@bob thanks everyone", agent bob may reply once: a system
+    /// sender named bob is another speaker, and uses none of it.
+    #[test]
+    fn a_reply_after_a_conclusion_is_the_mentioned_agent_s_alone() {
+        let (mut w, t0) = world(&[]);
+        let (a, bob) = (name("a"), name("bob"));
+        w.observe_conversation(SenderKind::Agent, &a, true, &[bob.clone()], t0);
+        w.observe_conversation(SenderKind::System, &bob, false, &[], t0);
+        assert!(w.may_reply_after_conclusion(&bob));
+        w.observe_conversation(SenderKind::Agent, &bob, false, &[], t0);
+        assert!(!w.may_reply_after_conclusion(&bob), "its reply is used");
     }
 
     #[test]

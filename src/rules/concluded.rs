@@ -153,6 +153,7 @@ mod tests {
     use crate::config::{ConversationConfig, RulesConfig};
     use crate::names::Name;
     use crate::rules::testing::Fixture;
+    use crate::subject::SenderKind;
 
     fn phrases() -> Conclusions {
         Conclusions::new(&ConversationConfig::default().conclusion_phrases)
@@ -230,21 +231,37 @@ mod tests {
         let mut f = Fixture::new(l);
         let (alice, bob) = (Name::parse("alice").unwrap(), Name::parse("bob").unwrap());
         let now = f.at(0);
-        f.world
-            .observe_conversation(true, &Name::parse("hank").unwrap(), true, &[], now);
+        f.world.observe_conversation(
+            SenderKind::Human,
+            &Name::parse("hank").unwrap(),
+            true,
+            &[],
+            now,
+        );
         assert!(f.check_as(&Concluded, "alice").rejects());
         // bob mentions alice: alice may reply once
-        f.world
-            .observe_conversation(false, &bob, false, std::slice::from_ref(&alice), now);
+        f.world.observe_conversation(
+            SenderKind::Agent,
+            &bob,
+            false,
+            std::slice::from_ref(&alice),
+            now,
+        );
         assert!(f.check_as(&Concluded, "alice").allows());
-        f.world.observe_conversation(false, &alice, false, &[], now);
+        f.world
+            .observe_conversation(SenderKind::Agent, &alice, false, &[], now);
         assert!(
             f.check_as(&Concluded, "alice").rejects(),
             "one reply per mention"
         );
         // a human reopens
-        f.world
-            .observe_conversation(true, &Name::parse("hank").unwrap(), false, &[], now);
+        f.world.observe_conversation(
+            SenderKind::Human,
+            &Name::parse("hank").unwrap(),
+            false,
+            &[],
+            now,
+        );
         assert!(f.check_as(&Concluded, "alice").allows());
     }
 
@@ -256,7 +273,7 @@ mod tests {
         let now = f.at(0);
         let bob = Name::parse("bob").unwrap();
         f.world.observe_conversation(
-            true,
+            SenderKind::Human,
             &Name::parse("hank").unwrap(),
             true,
             std::slice::from_ref(&bob),
@@ -273,8 +290,13 @@ mod tests {
     fn off_by_default() {
         let mut f = Fixture::new(RulesConfig::default());
         let now = f.at(0);
-        f.world
-            .observe_conversation(true, &Name::parse("hank").unwrap(), true, &[], now);
+        f.world.observe_conversation(
+            SenderKind::Human,
+            &Name::parse("hank").unwrap(),
+            true,
+            &[],
+            now,
+        );
         assert!(f.check_as(&Concluded, "alice").allows());
     }
 }
