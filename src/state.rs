@@ -2411,7 +2411,7 @@ mod tests {
     fn a_reply_after_a_conclusion_is_the_mentioned_agent_s_alone() {
         let (mut w, t0) = world(&[]);
         let (a, bob) = (name("a"), name("bob"));
-        w.observe_conversation(SenderKind::Agent, &a, true, &[bob.clone()], t0);
+        w.observe_conversation(SenderKind::Agent, &a, true, std::slice::from_ref(&bob), t0);
         w.observe_conversation(SenderKind::System, &bob, false, &[], t0);
         assert!(w.may_reply_after_conclusion(&bob));
         w.observe_conversation(SenderKind::Agent, &bob, false, &[], t0);
