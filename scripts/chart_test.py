@@ -267,7 +267,8 @@ def main():
     # with (a values file: --set would read the braces as a list).
     for level in ["info", " info\n", "loopguard = debug", "info,loopguard =trace", "[{req=abc}]",
                   "info, [{req=a b}]=debug", "target[{req=abc}]", "warning", "loopguard=verbose",
-                  "[{a}]=verbose", "info, loopgaurd"]:
+                  "[{a}]=verbose", "info, loopgaurd", "=debug", " = debug", "loopguard=debug]", "x=info{}",
+                  "info]", " ", ",", "info,,debug"]:
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
             yaml.safe_dump({"config": {"log": {"level": level}}}, f)
         p = helm("template", "lg", CHART, "-f", f.name, expect_ok=False)

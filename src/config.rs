@@ -1328,12 +1328,20 @@ pub fn log_filter(text: &str) -> Result<String, String> {
     } else {
         text.to_owned()
     };
+    if filter.split(',').all(str::is_empty) {
+        // A filter with no directive logs nothing at all.
+        return Err(format!(
+            "{text:?} names no level (error, warn, info, debug, trace, off)"
+        ));
+    }
     if let Err(e) = tracing_subscriber::EnvFilter::try_new(&filter) {
         return Err(format!("{filter:?} is not a log filter: {e}"));
     }
+    // A span filter (`[…]`) or a target's level (`=`) aside, a directive
+    // is a level: `info]` would be a target nothing logs to.
     if let Some(word) = filter
         .split(',')
-        .find(|d| !d.is_empty() && !d.contains(['=', '[', ']', '{', '}']) && !is_log_level(d))
+        .find(|d| !d.is_empty() && !d.contains(['=', '[']) && !is_log_level(d))
     {
         return Err(format!(
             "{word:?} is not a level (error, warn, info, debug, trace, off); \
@@ -1711,6 +1719,13 @@ mod tests {
         // Trimmed, a bare word that is no level is still refused.
         let e = error_of("[log]\nlevel = \"info, loopgaurd\"\n", &[]);
         assert!(e.contains("\"loopgaurd\" is not a level"), "{e}");
+        // As is a filter of nothing but spaces and commas: it logs nothing.
+        for empty in ["", " ", " , "] {
+            let e = error_of(&format!("[log]\nlevel = {empty:?}\n"), &[]);
+            assert!(e.contains("names no level"), "{empty:?}: {e}");
+        }
+        let e = error_of("[log]\nlevel = \"info]\"\n", &[]);
+        assert!(e.contains("is not a level"), "{e}");
     }
 
     #[test]

@@ -383,6 +383,10 @@ impl Judge {
                 sender,
                 reason,
             } => {
+                if let Some(world) = &world {
+                    self.worlds
+                        .renew(world, settings.world(world), self.clock.now());
+                }
                 let id = rejected_id(fallback_id, settings.config.limits.max_payload_bytes);
                 Decision::rejected(
                     world,
@@ -437,6 +441,9 @@ impl Judge {
         if settings.config.mode == Mode::Observe {
             return None;
         }
+        // Rejected or held back, a message to the world all the same.
+        self.worlds
+            .renew(world, settings.world(world), self.clock.now());
         let limit = settings.config.limits.max_payload_bytes;
         let (id, rule, reason) = match envelope::parse(payload, fallback_id, limit) {
             Ok(env) if pass::is_pass(&env.content) => return None,
@@ -1284,7 +1291,7 @@ mod tests {
     }
 
     /// Every message to a world counts as use, rejected ones too, those
-    /// whose payload cannot be read among them: a paused world written to
+    /// whose payload or subject cannot be read among them: a paused world written to
     /// stays paused past `idle_seconds` after its last readable message.
     /// Such a message to a world not held makes none.
     #[test]
@@ -1310,6 +1317,13 @@ mod tests {
             "turns",
             "still paused 100 s after its last readable message"
         );
+        // So does one whose subject names the world but no valid kind.
+        rig.advance(50);
+        let origin = rig.judge.subjects().parse("chat.raw.w.robot.r2");
+        let d = rig.judge.decide(origin, b"x", FallbackId::default());
+        assert_eq!(event(&d.expect("not a join"))["rule"], "invalid");
+        rig.advance(50);
+        assert_eq!(event(&rig.send("agent", "bob", "four"))["rule"], "turns");
         unreadable("elsewhere");
         assert!(rig
             .judge
