@@ -523,13 +523,7 @@ async fn a_refused_policy_request_under_the_prefix_is_logged_not_counted_as_a_dr
     );
     let (nats, lg) = (&restricted.nats, &restricted.lg);
     until_ready(lg).await;
-    let client = within(
-        "test client",
-        async_nats::ConnectOptions::with_user_and_password("t".into(), "pw".into())
-            .connect(nats.url()),
-    )
-    .await
-    .expect("test client connects");
+    let client = support::connect_as(nats, "t").await;
     let mut transcript = client.subscribe("chat.public.w").await.unwrap();
     within("subscribed", client.flush()).await.unwrap();
     client

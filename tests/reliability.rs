@@ -607,13 +607,7 @@ async fn a_copy_the_server_s_permissions_refuse_is_counted_not_redelivered() {
     )
     .unwrap();
     let nats = NatsServer::start_with(&["-c", conf.to_str().unwrap()]);
-    let client = within(
-        "test client",
-        async_nats::ConnectOptions::with_user_and_password("t".into(), "pw".into())
-            .connect(nats.url()),
-    )
-    .await
-    .expect("test client connects");
+    let client = support::connect_as(&nats, "t").await;
     let js = jetstream::new(client);
     egress_stream(&js).await;
     let lg = Loopguard::spawn_env(

@@ -224,6 +224,13 @@ mod tests {
         assert!(!concludes("thanks, will do", &phrases()));
     }
 
+    /// Human hank's message, concluding or not, mentioning `mentioned`.
+    fn hank_says(f: &mut Fixture, concludes: bool, mentioned: &[Name], now: std::time::Instant) {
+        let hank = Name::parse("hank").unwrap();
+        f.world
+            .observe_conversation(SenderKind::Human, &hank, concludes, mentioned, now);
+    }
+
     #[test]
     fn after_a_conclusion_only_mentioned_agents_speak_once_until_a_human_does() {
         let mut l = RulesConfig::default();
@@ -231,13 +238,7 @@ mod tests {
         let mut f = Fixture::new(l);
         let (alice, bob) = (Name::parse("alice").unwrap(), Name::parse("bob").unwrap());
         let now = f.at(0);
-        f.world.observe_conversation(
-            SenderKind::Human,
-            &Name::parse("hank").unwrap(),
-            true,
-            &[],
-            now,
-        );
+        hank_says(&mut f, true, &[], now);
         assert!(f.check_as(&Concluded, "alice").rejects());
         // bob mentions alice: alice may reply once
         f.world.observe_conversation(
@@ -255,13 +256,7 @@ mod tests {
             "one reply per mention"
         );
         // a human reopens
-        f.world.observe_conversation(
-            SenderKind::Human,
-            &Name::parse("hank").unwrap(),
-            false,
-            &[],
-            now,
-        );
+        hank_says(&mut f, false, &[], now);
         assert!(f.check_as(&Concluded, "alice").allows());
     }
 
@@ -272,13 +267,7 @@ mod tests {
         let mut f = Fixture::new(l);
         let now = f.at(0);
         let bob = Name::parse("bob").unwrap();
-        f.world.observe_conversation(
-            SenderKind::Human,
-            &Name::parse("hank").unwrap(),
-            true,
-            std::slice::from_ref(&bob),
-            now,
-        );
+        hank_says(&mut f, true, std::slice::from_ref(&bob), now);
         assert!(
             f.check_as(&Concluded, "bob").allows(),
             "\"@bob thanks everyone\""
@@ -290,13 +279,7 @@ mod tests {
     fn off_by_default() {
         let mut f = Fixture::new(RulesConfig::default());
         let now = f.at(0);
-        f.world.observe_conversation(
-            SenderKind::Human,
-            &Name::parse("hank").unwrap(),
-            true,
-            &[],
-            now,
-        );
+        hank_says(&mut f, true, &[], now);
         assert!(f.check_as(&Concluded, "alice").allows());
     }
 }

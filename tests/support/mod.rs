@@ -597,6 +597,18 @@ impl Harness {
     }
 }
 
+/// A client of `nats` as user `user` (password `pw`), as the tests'
+/// servers with permissions define their users.
+pub async fn connect_as(nats: &NatsServer, user: &str) -> async_nats::Client {
+    within(
+        "test client",
+        async_nats::ConnectOptions::with_user_and_password(user.into(), "pw".into())
+            .connect(nats.url()),
+    )
+    .await
+    .expect("test client connects")
+}
+
 /// A JSON message body with `content`.
 pub fn msg(content: &str) -> Value {
     serde_json::json!({ "content": content })
