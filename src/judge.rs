@@ -441,9 +441,6 @@ impl Judge {
         if settings.config.mode == Mode::Observe {
             return None;
         }
-        // Rejected or held back, a message to the world all the same.
-        self.worlds
-            .renew(world, settings.world(world), self.clock.now());
         let limit = settings.config.limits.max_payload_bytes;
         let (id, rule, reason) = match envelope::parse(payload, fallback_id, limit) {
             Ok(env) if pass::is_pass(&env.content) => return None,
@@ -1291,9 +1288,9 @@ mod tests {
     }
 
     /// Every message to a world counts as use, rejected ones too, those
-    /// whose payload or subject cannot be read among them: a paused world written to
-    /// stays paused past `idle_seconds` after its last readable message.
-    /// Such a message to a world not held makes none.
+    /// whose payload or subject cannot be read among them: a paused world
+    /// written to stays paused past `idle_seconds` after its last readable
+    /// message. Such a message to a world not held makes none.
     #[test]
     fn an_unreadable_message_counts_as_use_of_its_world() {
         let rig = Rig::new(|c| {

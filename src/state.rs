@@ -946,8 +946,8 @@ fn push_window<T>(window: &mut VecDeque<T>, item: T, cap: usize) -> Option<T> {
     out
 }
 
-/// A speaker's key in the activity log (a human and an agent of the same
-/// name stay apart).
+/// A speaker's key in the activity log (senders of different kinds with the
+/// same name stay apart).
 fn speaker_key(kind: SenderKind, name: &Name) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -1422,10 +1422,13 @@ impl Worlds {
         handle
     }
 
-    /// Counts a message whose payload could not be read (rejected as
-    /// invalid or too large) as use of `world`, if held: the contract
-    /// counts every message to a world as use, rejected ones too. None is
-    /// made for it.
+    /// Counts a message the rules never read (its payload or subject
+    /// rejected as invalid or too large) as use of `world`, if held: the
+    /// contract counts every message to a world as use, rejected ones too.
+    /// None is made for it. (A message rejected for a world's backlog needs
+    /// none: the world waits for the policy service, and its answer counts
+    /// as use, see [`Worlds::keep`]. Looking it up meanwhile could forget
+    /// a world idle past a short `idle_seconds` while its message waits.)
     pub fn renew(&self, world: &Name, settings: &Arc<WorldSettings>, now: Instant) {
         if self.cache.contains_key(world) {
             self.get_or_create(world, settings, now);
