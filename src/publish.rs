@@ -51,11 +51,11 @@ struct Answered {
 #[derive(Default)]
 pub struct Refusals(Mutex<HashMap<Box<str>, Instant>>);
 
-/// Subjects [`Refusals`] holds at most: past it, those older than twice the
-/// longest wait for an answer go (a wait starts when its batch settles, so
-/// an answer may still want one), or all if none is: an answer whose
-/// refusal is forgotten times out, and its input is redelivered and its
-/// copy refused again. Nothing is lost.
+/// Subjects [`Refusals`] holds at most. Past it, refusals older than twice
+/// the longest wait for an answer go (a wait starts when its batch
+/// settles, so a younger one may still be wanted), and if none is that
+/// old, all go. An answer whose refusal is forgotten times out, and its
+/// input is redelivered and its copy refused again: nothing is lost.
 const MAX_REFUSALS: usize = 4096;
 
 impl Refusals {
