@@ -759,13 +759,13 @@ async fn connect(
                     {
                         match refused_publish(&e, &subjects) {
                             Refused::Output(subject) => {
-                                // A JetStream publish's wait for an answer
-                                // ends here, not in a redelivery.
-                                refusals.record(subject);
                                 m.dropped(
                                     DropReason::PublishError,
                                     &format_args!("the server refused a publish: {e}"),
                                 );
+                                // A JetStream publish's wait for an answer
+                                // ends here, not in a redelivery.
+                                refusals.record(subject);
                             }
                             Refused::Intake => {
                                 readiness.refused();

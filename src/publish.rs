@@ -46,10 +46,15 @@ struct Answered {
 /// Egress subjects the server's permissions refused a publish to, and when
 /// (the client's error events, see `app::connect`). The server tells the
 /// connection, not the reply subject, so a refused JetStream publish is
-/// never answered: its wait ends in a timeout, which alone would leave the
-/// input for redelivery, refused again, for ever.
+/// never answered: its wait ends at the refusal, not in a timeout, which
+/// would leave the input for redelivery, refused again, for ever.
 #[derive(Default)]
-pub struct Refusals(Mutex<HashMap<Box<str>, Instant>>);
+pub struct Refusals {
+    refused: Mutex<HashMap<Box<str>, Instant>>,
+    /// Wakes the waits for an answer at each refusal, so that a refused
+    /// copy is settled then, not when its wait times out.
+    noted: tokio::sync::Notify,
+}
 
 /// Subjects [`Refusals`] holds at most. Past it, refusals older than twice
 /// the longest wait for an answer go (a wait starts when its batch
@@ -61,21 +66,39 @@ const MAX_REFUSALS: usize = 4096;
 impl Refusals {
     /// Notes that the server refused a publish to `subject` just now.
     pub fn record(&self, subject: &str) {
-        let mut refused = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if refused.len() >= MAX_REFUSALS && !refused.contains_key(subject) {
-            refused.retain(|_, at| at.elapsed() < 2 * ANSWER_TIMEOUT);
-            if refused.len() >= MAX_REFUSALS {
-                refused.clear();
+        {
+            let mut refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+            if refused.len() >= MAX_REFUSALS && !refused.contains_key(subject) {
+                refused.retain(|_, at| at.elapsed() < 2 * ANSWER_TIMEOUT);
+                if refused.len() >= MAX_REFUSALS {
+                    refused.clear();
+                }
             }
+            refused.insert(subject.into(), Instant::now());
         }
-        refused.insert(subject.into(), Instant::now());
+        self.noted.notify_waiters();
     }
 
     /// Whether the server refused a publish to `subject` at or after
     /// `sent`: the one sent then, as the server refuses in order.
     fn since(&self, subject: &str, sent: Instant) -> bool {
-        let refused = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
         refused.get(subject).is_some_and(|at| *at >= sent)
+    }
+
+    /// Waits until the server has refused a publish to `subject` at or
+    /// after `sent` (at once if it has).
+    async fn refused(&self, subject: &str, sent: Instant) {
+        loop {
+            // Listening before looking, so a refusal in between still wakes.
+            let noted = self.noted.notified();
+            tokio::pin!(noted);
+            noted.as_mut().enable();
+            if self.since(subject, sent) {
+                return;
+            }
+            noted.await;
+        }
     }
 }
 
@@ -192,10 +215,11 @@ impl Publisher {
 
     /// Waits for the stream's answer to one output: true once it is settled
     /// (stored, and counted as a delivery, or refused, which is counted as a
-    /// publish error: by the stream, here, by the server's permissions,
-    /// when its error came), false when no stream answered (timed out, the
-    /// connection went, or "no responders": the stream is not there now), so
-    /// the input must be redelivered.
+    /// publish error: by the stream, here, or by the server's permissions,
+    /// when their error comes, which ends the wait: no answer follows it),
+    /// false when no stream answered (timed out, the connection went, or
+    /// "no responders": the stream is not there now), so the input must be
+    /// redelivered.
     pub async fn settled(&self, answer: Answer) -> bool {
         let Answer::Awaited {
             answer,
@@ -206,7 +230,15 @@ impl Publisher {
         else {
             return true;
         };
-        match answer.await {
+        let Some(answered) = &self.answered else {
+            return false;
+        };
+        let answer = tokio::select! {
+            biased;
+            answer = answer => answer,
+            () = answered.refusals.refused(&subject, sent) => return true,
+        };
+        match answer {
             Ok(_) => {
                 if let Some(to) = delivery {
                     self.metrics.delivered(to);
@@ -217,10 +249,10 @@ impl Publisher {
                 self.metrics.dropped(DropReason::PublishError, &e);
                 true
             }
-            Err(e) if e.kind() == PublishErrorKind::TimedOut => self
-                .answered
-                .as_ref()
-                .is_some_and(|a| a.refusals.since(&subject, sent)),
+            // Refused as the wait ended.
+            Err(e) if e.kind() == PublishErrorKind::TimedOut => {
+                answered.refusals.since(&subject, sent)
+            }
             Err(_) => false,
         }
     }
@@ -312,8 +344,8 @@ pub enum Answer {
         answer: PublishAckFuture,
         /// Where the copy counts as a delivery once stored.
         delivery: Option<crate::routing::Visibility>,
-        /// Where and when it was sent: a timeout is a refusal when the
-        /// server's permissions refused that subject since.
+        /// Where and when it was sent: the wait ends when the server's
+        /// permissions refuse that subject since.
         subject: String,
         sent: Instant,
     },
@@ -371,6 +403,35 @@ mod tests {
         assert!(!refusals.since("chat.public.w", later), "sent after it");
     }
 
+    #[tokio::test]
+    async fn a_wait_for_an_answer_ends_at_a_refusal_of_its_subject() {
+        let refusals = Arc::new(Refusals::default());
+        let sent = Instant::now();
+        let wait = tokio::spawn({
+            let refusals = refusals.clone();
+            async move { refusals.refused("chat.public.w", sent).await }
+        });
+        tokio::task::yield_now().await;
+        refusals.record("chat.public.v");
+        tokio::task::yield_now().await;
+        assert!(
+            !wait.is_finished(),
+            "another subject's refusal ends nothing"
+        );
+        refusals.record("chat.public.w");
+        tokio::time::timeout(Duration::from_secs(10), wait)
+            .await
+            .expect("woken by the refusal")
+            .unwrap();
+        // Refused already: no wait.
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            refusals.refused("chat.public.w", sent),
+        )
+        .await
+        .expect("at once");
+    }
+
     #[test]
     fn refusals_are_bounded() {
         let refusals = Refusals::default();
@@ -378,7 +439,7 @@ mod tests {
         for i in 0..=MAX_REFUSALS {
             refusals.record(&format!("chat.public.w{i}"));
         }
-        let held = refusals.0.lock().unwrap().len();
+        let held = refusals.refused.lock().unwrap().len();
         assert!(held <= MAX_REFUSALS, "{held}");
         let newest = format!("chat.public.w{MAX_REFUSALS}");
         assert!(refusals.since(&newest, sent), "the newest is kept");
