@@ -67,6 +67,22 @@ pub enum EnvelopeError {
     NotAString(&'static str),
 }
 
+/// A payload refused: why, and the id its JSON gave (a string, not empty),
+/// if it was a JSON object read that far, so that the event of its
+/// rejection names the message as its sender does.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{why}")]
+pub struct Unreadable {
+    pub why: EnvelopeError,
+    pub id: Option<String>,
+}
+
+impl From<EnvelopeError> for Unreadable {
+    fn from(why: EnvelopeError) -> Unreadable {
+        Unreadable { why, id: None }
+    }
+}
+
 /// Parses `payload`, taking `fallback` as the id when the JSON has none.
 /// Over `max_bytes`: the payload, or the payload and a header id that
 /// becomes the id (checked last: a payload that is also invalid is that).
@@ -74,12 +90,13 @@ pub fn parse(
     payload: &[u8],
     fallback: FallbackId<'_>,
     max_bytes: usize,
-) -> Result<Envelope, EnvelopeError> {
+) -> Result<Envelope, Unreadable> {
     if payload.len() > max_bytes {
         return Err(EnvelopeError::TooLarge {
             size: payload.len(),
             max: max_bytes,
-        });
+        }
+        .into());
     }
     let text = std::str::from_utf8(payload).map_err(|_| EnvelopeError::NotUtf8)?;
     let fallback_id = || -> Result<Option<String>, EnvelopeError> {
@@ -119,18 +136,28 @@ pub fn parse(
         });
     };
 
+    let id = id_field(id, "id");
     let content = match content {
         Some(Value::String(c)) => c,
         // `content` absent, null or not a string: fall back to `text`, kept
         // in the fields as written.
         _ => match fields.get("text") {
             Some(Value::String(t)) => t.clone(),
-            _ => return Err(EnvelopeError::NoContent),
+            _ => {
+                return Err(Unreadable {
+                    why: EnvelopeError::NoContent,
+                    id: id.ok().flatten(),
+                })
+            }
         },
     };
-    let id = id_field(id, "id")?;
-    let thread_id = id_field(thread_id, "thread_id")?;
-    let parent_id = id_field(parent_id, "parent_id")?;
+    let id = id?;
+    let refused = |why| Unreadable {
+        why,
+        id: id.clone(),
+    };
+    let thread_id = id_field(thread_id, "thread_id").map_err(refused)?;
+    let parent_id = id_field(parent_id, "parent_id").map_err(refused)?;
     let id = match id {
         Some(id) => Some(id),
         None => fallback_id()?,
@@ -238,6 +265,15 @@ mod tests {
         parse(payload.as_bytes(), FallbackId::default(), 1024).unwrap()
     }
 
+    /// [`parse`], with why a payload is refused.
+    fn read(
+        payload: &[u8],
+        fallback: FallbackId<'_>,
+        max: usize,
+    ) -> Result<Envelope, EnvelopeError> {
+        parse(payload, fallback, max).map_err(|e| e.why)
+    }
+
     #[test]
     fn reads_a_structured_message_and_keeps_other_fields() {
         let e = ok(r#"{"content":"hi","id":"m1","thread_id":"t","parent_id":null,"lang":"en"}"#);
@@ -285,11 +321,45 @@ mod tests {
             r#"{"content":null}"#,
         ] {
             assert_eq!(
-                parse(raw.as_bytes(), FallbackId::default(), 1024),
+                read(raw.as_bytes(), FallbackId::default(), 1024),
                 Err(EnvelopeError::NoContent),
                 "{raw}"
             );
         }
+    }
+
+    #[test]
+    fn a_refused_object_still_names_its_id() {
+        let id = |raw: &str| {
+            parse(raw.as_bytes(), FallbackId::header("h"), 1024)
+                .unwrap_err()
+                .id
+        };
+        assert_eq!(id(r#"{"id":"m1","content":5}"#), Some("m1".into()));
+        assert_eq!(
+            id(r#"{"id":"m1","content":"x","thread_id":7}"#),
+            Some("m1".into())
+        );
+        assert_eq!(
+            id(r#"{"content":"x","parent_id":[],"id":"m2"}"#),
+            Some("m2".into())
+        );
+        // None to name: not a string, empty, absent, or not read as JSON.
+        assert_eq!(id(r#"{"id":1,"content":"x"}"#), None);
+        assert_eq!(id(r#"{"id":"","content":5}"#), None);
+        assert_eq!(id(r#"{"content":5}"#), None);
+        assert_eq!(
+            parse(b"{\"id\":\"m\",\xff}", FallbackId::default(), 1024)
+                .unwrap_err()
+                .id,
+            None
+        );
+        assert_eq!(
+            parse(br#"{"id":"m1","content":5}"#, FallbackId::default(), 10)
+                .unwrap_err()
+                .id,
+            None
+        );
     }
 
     #[test]
@@ -300,7 +370,7 @@ mod tests {
             (r#"{"content":"x","parent_id":true}"#, "parent_id"),
         ] {
             assert_eq!(
-                parse(raw.as_bytes(), FallbackId::default(), 1024),
+                read(raw.as_bytes(), FallbackId::default(), 1024),
                 Err(EnvelopeError::NotAString(key))
             );
         }
@@ -315,7 +385,7 @@ mod tests {
             string(fields.remove(key), key)
         }
         let Ok(mut fields) = serde_json::from_str::<Map<String, Value>>(payload) else {
-            return parse(payload.as_bytes(), FallbackId::default(), usize::MAX);
+            return read(payload.as_bytes(), FallbackId::default(), usize::MAX);
         };
         let content = match take(&mut fields, "content") {
             Ok(Some(c)) => c,
@@ -344,7 +414,7 @@ mod tests {
             r#"{"content":"c","a\"b":{"n":1.50}}"#,
         ] {
             assert_eq!(
-                parse(raw.as_bytes(), FallbackId::default(), 1024),
+                read(raw.as_bytes(), FallbackId::default(), 1024),
                 parse_via_map(raw),
                 "{raw}"
             );
@@ -369,7 +439,7 @@ mod tests {
         ) {
             let body: Vec<String> = members.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
             let raw = format!("{{{}}}", body.join(","));
-            proptest::prop_assert_eq!(parse(raw.as_bytes(), FallbackId::default(), 4096), parse_via_map(&raw), "{}", raw);
+            proptest::prop_assert_eq!(read(raw.as_bytes(), FallbackId::default(), 4096), parse_via_map(&raw), "{}", raw);
         }
     }
 
@@ -421,13 +491,13 @@ mod tests {
     fn a_header_id_that_becomes_the_id_counts_toward_the_limit_as_json() {
         let h = FallbackId::header;
         let too_large = |payload, id, max| Err(EnvelopeError::IdTooLarge { payload, id, max });
-        assert_eq!(parse(b"plain", h("header"), 10), too_large(5, 6, 10));
+        assert_eq!(read(b"plain", h("header"), 10), too_large(5, 6, 10));
         assert_eq!(
-            parse(br#"{"text":"x"}"#, h("header"), 15),
+            read(br#"{"text":"x"}"#, h("header"), 15),
             too_large(12, 6, 15)
         );
         // A control character is six bytes in a copy.
-        assert_eq!(parse(b"plain", h("\u{1}"), 10), too_large(5, 6, 10));
+        assert_eq!(read(b"plain", h("\u{1}"), 10), too_large(5, 6, 10));
         assert!(parse(b"plain", h("\u{1}"), 11).is_ok());
         assert_eq!(
             parse(b"plain", h("header"), 10).unwrap_err().to_string(),
@@ -440,10 +510,10 @@ mod tests {
         assert!(parse(br#"{"text":"x","id":"j"}"#, h(&long), 30).is_ok());
         // Invalid wins: the payload is refused for what it is.
         assert_eq!(
-            parse(br#"{"text":"x","thread_id":1}"#, h(&long), 30),
+            read(br#"{"text":"x","thread_id":1}"#, h(&long), 30),
             Err(EnvelopeError::NotAString("thread_id"))
         );
-        assert_eq!(parse(&[0xff], h(&long), 30), Err(EnvelopeError::NotUtf8));
+        assert_eq!(read(&[0xff], h(&long), 30), Err(EnvelopeError::NotUtf8));
         // loopguard's own stable id is not the sender's bytes.
         let stable = FallbackId {
             header: None,
@@ -455,7 +525,7 @@ mod tests {
     #[test]
     fn rejects_oversize_before_anything_else_and_invalid_utf8() {
         assert_eq!(
-            parse(&[0xff; 11], FallbackId::default(), 10),
+            read(&[0xff; 11], FallbackId::default(), 10),
             Err(EnvelopeError::TooLarge { size: 11, max: 10 })
         );
         assert_eq!(
@@ -465,7 +535,7 @@ mod tests {
             "payload is 11 bytes, over the limit of 10"
         );
         assert_eq!(
-            parse(&[b'h', 0xff, b'i'], FallbackId::default(), 10),
+            read(&[b'h', 0xff, b'i'], FallbackId::default(), 10),
             Err(EnvelopeError::NotUtf8)
         );
         assert!(parse(&[b'x'; 10], FallbackId::default(), 10).is_ok());

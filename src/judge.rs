@@ -387,7 +387,9 @@ impl Judge {
                     self.worlds
                         .renew(world, settings.world(world), self.clock.now());
                 }
-                let id = rejected_id(fallback_id, settings.config.limits.max_payload_bytes);
+                // The payload is not read: the subject refuses it.
+                let limit = settings.config.limits.max_payload_bytes;
+                let id = rejected_id(None, fallback_id, limit);
                 Decision::rejected(
                     world,
                     kind,
@@ -442,14 +444,18 @@ impl Judge {
             return None;
         }
         let limit = settings.config.limits.max_payload_bytes;
-        let (id, rule, reason) = match envelope::parse(payload, fallback_id, limit) {
+        let (rule, reason, id) = match envelope::parse(payload, fallback_id, limit) {
             Ok(env) if pass::is_pass(&env.content) => return None,
             Ok(env) => (
-                env.id.unwrap_or_else(new_id),
                 RuleName::Policy,
                 format!("policy check backlog: {held} earlier messages of this world wait for the policy service"),
+                env.id.unwrap_or_else(new_id),
             ),
-            Err(e) => (rejected_id(fallback_id, limit), unreadable(&e), e.to_string()),
+            Err(e) => (
+                unreadable(&e.why),
+                e.to_string(),
+                rejected_id(e.id, fallback_id, limit),
+            ),
         };
         if rule == RuleName::Policy {
             self.metrics.policy_backlog();
@@ -589,14 +595,15 @@ impl Judge {
             Ok(env) => env,
             Err(e) => {
                 self.worlds.renew(&world, settings.world(&world), now);
-                let id = rejected_id(fallback_id, config.limits.max_payload_bytes);
+                let reason = e.to_string();
+                let id = rejected_id(e.id, fallback_id, config.limits.max_payload_bytes);
                 return Decision::rejected(
                     Some(world),
                     Some(kind),
                     sender.into(),
                     id,
-                    unreadable(&e),
-                    e.to_string(),
+                    unreadable(&e.why),
+                    reason,
                     received_at,
                 );
             }
@@ -944,10 +951,17 @@ pub fn payload_limit_for(server_max_payload: usize) -> usize {
     copies.min(server_max_payload.saturating_sub(EVENT_OVERHEAD))
 }
 
-/// The id of an `invalid` or `too_large` message's event: its fallback
-/// id, but not a header id larger in JSON than a payload may be (the event
-/// would carry it whole).
-fn rejected_id(fallback: FallbackId<'_>, max_payload_bytes: usize) -> String {
+/// The id of an `invalid` or `too_large` message's event: the id its JSON
+/// gave (`stated`), else its fallback id, but not a header id larger in
+/// JSON than a payload may be (the event would carry it whole).
+fn rejected_id(
+    stated: Option<String>,
+    fallback: FallbackId<'_>,
+    max_payload_bytes: usize,
+) -> String {
+    if let Some(id) = stated {
+        return id;
+    }
     let header = fallback
         .header
         .filter(|id| json::escaped_len(id) <= max_payload_bytes);
@@ -1263,6 +1277,34 @@ mod tests {
         };
         let origin = rig.judge.subjects().parse("chat.raw.w.robot.r2");
         let d = rig.judge.decide(origin, b"hi", fallback).unwrap();
+        assert_eq!(event(&d)["id"], "h-1");
+    }
+
+    #[test]
+    fn an_invalid_payload_s_event_has_the_id_its_json_gave() {
+        let rig = Rig::new(|_| {});
+        let fallback = FallbackId {
+            header: Some("h-1"),
+            stable: Some("raw-9"),
+        };
+        for payload in [
+            r#"{"id":"m1","content":5}"#,
+            r#"{"id":"m1","content":"hi","parent_id":7}"#,
+        ] {
+            let origin = rig.judge.subjects().parse("chat.raw.w.agent.a");
+            let d = rig
+                .judge
+                .decide(origin, payload.as_bytes(), fallback)
+                .unwrap();
+            assert_eq!(d.rule, Some(RuleName::Invalid), "{payload}");
+            assert_eq!(event(&d)["id"], "m1", "{payload}");
+        }
+        // An id that is not a string is no id: the header's.
+        let origin = rig.judge.subjects().parse("chat.raw.w.agent.a");
+        let d = rig
+            .judge
+            .decide(origin, br#"{"id":1,"content":"hi"}"#, fallback)
+            .unwrap();
         assert_eq!(event(&d)["id"], "h-1");
     }
 

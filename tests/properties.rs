@@ -84,6 +84,10 @@ fn payload() -> impl Strategy<Value = Vec<u8>> {
             }
             serde_json::to_vec(&v).expect("JSON")
         }),
+        // Refused, with an id of its own.
+        ".{0,30}".prop_map(|id| {
+            serde_json::to_vec(&serde_json::json!({ "id": id, "content": 5 })).expect("JSON")
+        }),
     ]
 }
 
@@ -148,7 +152,13 @@ proptest! {
     #[test]
     fn the_envelope_parser_never_panics(bytes in payload(), header in proptest::option::of(".{0,20}"), max in 0usize..400) {
         let fallback = header.as_deref().map(envelope::FallbackId::header).unwrap_or_default();
-        if let Ok(env) = envelope::parse(&bytes, fallback, max) {
+        let parsed = envelope::parse(&bytes, fallback, max);
+        // The id a refused payload's JSON gave goes into its event, which
+        // holds no more than a payload may.
+        if let Err(envelope::Unreadable { id: Some(id), .. }) = &parsed {
+            prop_assert!(!id.is_empty() && loopguard::json::escaped_len(id) <= max);
+        }
+        if let Ok(env) = parsed {
             prop_assert!(bytes.len() <= max);
             // A header that became the id fits with the payload, as JSON
             // (an id the JSON gave is in the payload already).
