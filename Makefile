@@ -26,7 +26,7 @@ deps:
 test-deps:
 	@scripts/deps.sh test
 
-bench-deps:
+bench-deps: deps
 	@scripts/deps.sh bench
 
 test: test-deps test-alerts

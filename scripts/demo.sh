@@ -9,7 +9,8 @@ log=${DEMO_LOG:-target/demo-loopguard.log}
 nats=${NATS_SERVER:-$(command -v nats-server || echo /usr/sbin/nats-server)}
 run=$(mktemp -d)
 nats_pid='' lg_pid=''
-trap 'kill $lg_pid $nats_pid 2>/dev/null || true; rm -rf "$run"' EXIT INT TERM
+trap 'kill $lg_pid $nats_pid 2>/dev/null || true; rm -rf "$run"' EXIT
+trap 'exit 130' INT TERM
 
 # Waits (10 s at most) for the command to print something, and prints it.
 wait_for() {
@@ -27,11 +28,13 @@ wait_for() {
 
 "$nats" -a 127.0.0.1 -p -1 --ports_file_dir "$run" 2>"$run/nats.log" &
 nats_pid=$!
-nats_url=$(wait_for nats-server $nats_pid \
-    sed -n 's/.*"nats":\["\([^"]*\)".*/\1/p' "$run/nats-server_$nats_pid.ports") \
+# Its ports file, named after its executable: the only one in $run.
+ports_url() { sed -n 's/.*"nats":\["\([^"]*\)".*/\1/p' "$run"/*.ports; }
+nats_url=$(wait_for nats-server $nats_pid ports_url) \
     || { cat "$run/nats.log" >&2; exit 1; }
 
-LOOPGUARD__NATS__URL=$nats_url LOOPGUARD__HTTP__LISTEN=127.0.0.1:0 RUST_LOG=info \
+LOOPGUARD__NATS__URL=$nats_url LOOPGUARD__HTTP__LISTEN=127.0.0.1:0 \
+    LOOPGUARD__LOG__FORMAT=text RUST_LOG=info \
     target/debug/loopguard 2>"$log" &
 lg_pid=$!
 http=$(wait_for loopguard $lg_pid \

@@ -53,7 +53,7 @@ nats_pid=$!
 pids+=("$nats_pid")
 url=
 for _ in $(seq 100); do
-    url=$(sed -n 's/.*"nats":\["\([^"]*\)".*/\1/p' "$out/run/nats-server_$nats_pid.ports" 2>/dev/null || true)
+    url=$(sed -n 's/.*"nats":\["\([^"]*\)".*/\1/p' "$out"/run/*.ports 2>/dev/null || true)
     [ -n "$url" ] && break
     sleep 0.1
 done
