@@ -249,9 +249,11 @@ impl Publisher {
                 self.metrics.dropped(DropReason::PublishError, &e);
                 true
             }
-            // Refused as the wait ended.
             Err(e) if e.kind() == PublishErrorKind::TimedOut => {
-                answered.refusals.since(&subject, sent)
+                // Or refused as the wait ended.
+                let refused = answered.refusals.since(&subject, sent);
+                tracing::debug!(subject, refused, "no answer from a stream within the wait");
+                refused
             }
             Err(_) => false,
         }

@@ -618,19 +618,18 @@ async fn a_copy_the_server_s_permissions_refuse_is_counted_not_redelivered() {
         &[
             ("LOOPGUARD__NATS__USER", "lg"),
             ("LOOPGUARD__NATS__PASSWORD", "pw"),
+            ("RUST_LOG", "loopguard=debug"),
         ],
     );
     until_ready(&lg).await;
     // w0's copies are stored, w1's refused.
-    let sent = std::time::Instant::now();
     publish_each(&js, 0..6, |i| format!("chat.raw.w{}.agent.a", i % 2)).await;
     until_ingest_acknowledged(&js, &lg).await;
-    // Settled at the refusal, not when the wait for its answer times out.
-    let took = sent.elapsed();
+    // Settled at the refusal: no wait for an answer timed out first.
+    let logs = lg.logs();
     assert!(
-        took < Duration::from_secs(4),
-        "acknowledged after {took:?}\n{}",
-        lg.logs()
+        !logs.contains("no answer from a stream within the wait"),
+        "{logs}"
     );
     assert_eq!(stream_messages(&js, "EGRESS").await, 3);
     // A refusal settles every copy to its subject sent before it: the last
