@@ -34,7 +34,7 @@ pub fn report(
             world,
             sender,
             kind = d.kind.map_or("", SenderKind::as_str),
-            id,
+            id = logged_id(id),
             rule,
             reason,
             "message rejected"
@@ -43,7 +43,7 @@ pub fn report(
             tracing::trace!(
                 world,
                 sender,
-                id,
+                id = logged_id(id),
                 outcome = d.outcome.as_str(),
                 "message delivered"
             )
@@ -106,6 +106,17 @@ pub fn report(
 /// about the same id (a client's resent message rejected as a duplicate).
 /// The key is taken from a copy's id where the decision has one (no second
 /// hash on the hot path).
+/// Characters of a message's id a log line holds at most: a client's id may
+/// be as long as a payload (a megabyte), a log line need not be.
+const LOGGED_ID_CHARS: usize = 256;
+
+/// `id` cut to [`LOGGED_ID_CHARS`] characters for a log line.
+fn logged_id(id: &str) -> &str {
+    id.char_indices()
+        .nth(LOGGED_ID_CHARS)
+        .map_or(id, |(end, _)| &id[..end])
+}
+
 fn event_id(d: &Decision, world: &Name) -> String {
     let mut buffer = uuid::Uuid::encode_buffer();
     let copied = d
@@ -132,4 +143,18 @@ fn event_id(d: &Decision, world: &Name) -> String {
         id.push_str(rule);
     }
     id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_line_holds_an_id_s_first_256_characters() {
+        assert_eq!(logged_id("m1"), "m1");
+        let long = "é".repeat(LOGGED_ID_CHARS + 10);
+        assert_eq!(logged_id(&long), "é".repeat(LOGGED_ID_CHARS));
+        let exact = "x".repeat(LOGGED_ID_CHARS);
+        assert_eq!(logged_id(&exact), exact);
+    }
 }
