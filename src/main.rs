@@ -106,12 +106,13 @@ fn main() -> ExitCode {
         settings,
         async move {
             let signal = signals.recv().await;
-            tracing::info!(signal, "shutdown: signal received");
             // A second signal ends the drain at once: for whoever will not
             // wait out a long grace period (Ctrl-C twice). One within a
             // second of the first is the same request: a wrapper passing a
             // Ctrl-C on as SIGTERM while the terminal's SIGINT comes too.
+            // (Timed from before the log line that tells of the first.)
             let first = std::time::Instant::now();
+            tracing::info!(signal, "shutdown: signal received");
             tokio::spawn(async move {
                 loop {
                     let signal = signals.recv().await;

@@ -319,10 +319,19 @@ async fn the_policy_hook_is_asked_after_the_cheap_rules_and_followed() {
         .await;
     h.send_json("w", "agent", "carol", msg("another fine answer"))
         .await;
+    // A cheap rule's rejection: the service is not asked about it.
+    h.send_json("w", "agent", "dave", msg("a fine answer"))
+        .await;
     let out = h.settle("w").await;
     assert_eq!(
         out.field("w", "rule"),
-        [json!(null), json!(null), json!("policy"), json!(null)]
+        [
+            json!(null),
+            json!(null),
+            json!("policy"),
+            json!(null),
+            json!("duplicate")
+        ]
     );
     assert_eq!(
         out.events("w")[2].body["reason"],
@@ -335,7 +344,7 @@ async fn the_policy_hook_is_asked_after_the_cheap_rules_and_followed() {
     assert_eq!(
         asked.load(std::sync::atomic::Ordering::SeqCst),
         3,
-        "only agent messages are asked"
+        "only agent messages the cheap rules let through are asked"
     );
     let scrape = support::Scrape::take(&h.loopguard.http_addr().await).await;
     assert_eq!(
