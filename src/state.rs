@@ -1289,6 +1289,12 @@ pub struct Worlds {
     /// Worlds with a message waiting for the policy service, and how many
     /// (see [`Worlds::wait`]).
     waiting: Arc<Mutex<HashMap<Name, (WorldHandle, usize)>>>,
+    /// Several runtime threads decide at once (`runtime.threads` > 1): one
+    /// thread's lookup may evict a world another thread is deciding (the
+    /// cache logs a lookup's recency and applies it later, so a world just
+    /// looked up can still be the least recently used), and
+    /// [`Worlds::weigh`] puts it back.
+    shared: bool,
 }
 
 /// Holds a world out of reach of eviction's consequences while a message of
@@ -1387,6 +1393,7 @@ impl Worlds {
                 start: Instant::now(),
             }),
             waiting: Arc::default(),
+            shared: settings.config.runtime.threads > 1,
         }
     }
 
@@ -1462,21 +1469,32 @@ impl Worlds {
     /// quarter ahead of what it holds and re-weighed only once it outgrows
     /// that (or shrinks to half): a few times over its life, not at every
     /// message, and never weighed at less than it holds.
+    ///
+    /// With several runtime threads, a world evicted since its lookup is
+    /// put back: its message was decided, and what it changed would be
+    /// lost with it. (One worker decides all of a world's messages, so no
+    /// newer state of it exists; with one thread nothing else touches the
+    /// cache between a lookup and this.)
     pub fn weigh(&self, name: &Name, world: &WorldHandle, state: &WorldState) {
         let bytes = state.footprint() + CACHE_ENTRY_BYTES + name_bytes(name);
         let bytes = bytes + bytes / ALLOCATOR_ROUNDING;
         let held = world.weight.load(Ordering::Relaxed) as usize;
-        if bytes <= held && bytes >= held / 2 {
-            return;
-        }
-        let weight = u32::try_from(bytes + bytes / 4)
-            .unwrap_or(u32::MAX)
-            .clamp(self.least_weight, self.most_weight.max(self.least_weight));
-        if weight as usize != held {
-            world.weight.store(weight, Ordering::Relaxed);
-            // Same world, new weight (and back in, if it was evicted
-            // meanwhile: it is in use).
-            self.cache.insert(name.clone(), world.clone());
+        let weight = (bytes > held || bytes < held / 2).then(|| {
+            u32::try_from(bytes + bytes / 4)
+                .unwrap_or(u32::MAX)
+                .clamp(self.least_weight, self.most_weight.max(self.least_weight))
+        });
+        match weight {
+            Some(weight) if weight as usize != held => {
+                world.weight.store(weight, Ordering::Relaxed);
+                // Same world, new weight (and back in, if it was evicted
+                // meanwhile: it is in use).
+                self.cache.insert(name.clone(), world.clone());
+            }
+            _ if self.shared && !self.cache.contains_key(name) => {
+                self.cache.insert(name.clone(), world.clone());
+            }
+            _ => {}
         }
     }
 
@@ -2215,6 +2233,37 @@ mod tests {
             &worlds.get(&name("waiting"), now).unwrap(),
             &waiting
         ));
+    }
+
+    #[test]
+    fn with_several_threads_a_world_evicted_while_decided_is_put_back() {
+        for threads in [1, 2] {
+            let (settings, worlds) = worlds_with(|c| {
+                c.state.max_worlds = 1;
+                c.runtime.threads = threads;
+            });
+            let now = Instant::now();
+            let w = name("decided");
+            let handle = worlds.get_or_create(&w, &settings.default_world, now);
+            // Another thread's world evicts it before its commit.
+            worlds.get_or_create(&name("other"), &settings.default_world, now);
+            assert_eq!(worlds.len(), 1);
+            assert!(worlds.get(&w, now).is_none(), "evicted");
+            let mut state = lock(&handle);
+            state.turns = 3;
+            // Weighed as before: only a put back brings it in again.
+            worlds.weigh(&w, &handle, &state);
+            drop(state);
+            let held = worlds.get(&w, now);
+            match threads {
+                1 => assert!(held.is_none(), "one thread: nothing to put back"),
+                _ => {
+                    let held = held.expect("put back");
+                    assert!(Arc::ptr_eq(&held, &handle));
+                    assert_eq!(lock(&held).turns, 3);
+                }
+            }
+        }
     }
 
     /// What `remembered_bytes` should be: counted from the messages held.
