@@ -1289,12 +1289,6 @@ pub struct Worlds {
     /// Worlds with a message waiting for the policy service, and how many
     /// (see [`Worlds::wait`]).
     waiting: Arc<Mutex<HashMap<Name, (WorldHandle, usize)>>>,
-    /// Several runtime threads decide at once (`runtime.threads` > 1): one
-    /// thread's lookup may evict a world another thread is deciding (the
-    /// cache logs a lookup's recency and applies it later, so a world just
-    /// looked up can still be the least recently used), and
-    /// [`Worlds::weigh`] puts it back.
-    shared: bool,
 }
 
 /// Holds a world out of reach of eviction's consequences while a message of
@@ -1393,7 +1387,6 @@ impl Worlds {
                 start: Instant::now(),
             }),
             waiting: Arc::default(),
-            shared: settings.config.runtime.threads > 1,
         }
     }
 
@@ -1470,11 +1463,13 @@ impl Worlds {
     /// that (or shrinks to half): a few times over its life, not at every
     /// message, and never weighed at less than it holds.
     ///
-    /// With several runtime threads, a world evicted since its lookup is
-    /// put back: its message was decided, and what it changed would be
-    /// lost with it. (One worker decides all of a world's messages, so no
-    /// newer state of it exists; with one thread nothing else touches the
-    /// cache between a lookup and this.)
+    /// A world evicted since its lookup is put back: its message was
+    /// decided, and what it changed would be lost with it. Another thread
+    /// can evict it meanwhile: a worker on another runtime thread, or the
+    /// admin API's (a scrape applies the cache's pending work), and the
+    /// cache logs a lookup's recency and applies it later, so a world just
+    /// looked up can still be the least recently used. One worker decides
+    /// all of a world's messages, so no newer state of it exists.
     pub fn weigh(&self, name: &Name, world: &WorldHandle, state: &WorldState) {
         let bytes = state.footprint() + CACHE_ENTRY_BYTES + name_bytes(name);
         let bytes = bytes + bytes / ALLOCATOR_ROUNDING;
@@ -1491,7 +1486,7 @@ impl Worlds {
                 // meanwhile: it is in use).
                 self.cache.insert(name.clone(), world.clone());
             }
-            _ if self.shared && !self.cache.contains_key(name) => {
+            _ if !self.cache.contains_key(name) => {
                 self.cache.insert(name.clone(), world.clone());
             }
             _ => {}
@@ -2236,34 +2231,24 @@ mod tests {
     }
 
     #[test]
-    fn with_several_threads_a_world_evicted_while_decided_is_put_back() {
-        for threads in [1, 2] {
-            let (settings, worlds) = worlds_with(|c| {
-                c.state.max_worlds = 1;
-                c.runtime.threads = threads;
-            });
-            let now = Instant::now();
-            let w = name("decided");
-            let handle = worlds.get_or_create(&w, &settings.default_world, now);
-            // Another thread's world evicts it before its commit.
-            worlds.get_or_create(&name("other"), &settings.default_world, now);
-            assert_eq!(worlds.len(), 1);
-            assert!(worlds.get(&w, now).is_none(), "evicted");
-            let mut state = lock(&handle);
-            state.turns = 3;
-            // Weighed as before: only a put back brings it in again.
-            worlds.weigh(&w, &handle, &state);
-            drop(state);
-            let held = worlds.get(&w, now);
-            match threads {
-                1 => assert!(held.is_none(), "one thread: nothing to put back"),
-                _ => {
-                    let held = held.expect("put back");
-                    assert!(Arc::ptr_eq(&held, &handle));
-                    assert_eq!(lock(&held).turns, 3);
-                }
-            }
-        }
+    fn a_world_evicted_while_decided_is_put_back() {
+        let (settings, worlds) = worlds_with(|c| c.state.max_worlds = 1);
+        let now = Instant::now();
+        let w = name("decided");
+        let handle = worlds.get_or_create(&w, &settings.default_world, now);
+        // Another thread's lookup (and a scrape's upkeep) evicts it before
+        // its commit.
+        worlds.get_or_create(&name("other"), &settings.default_world, now);
+        assert_eq!(worlds.len(), 1);
+        assert!(worlds.get(&w, now).is_none(), "evicted");
+        let mut state = lock(&handle);
+        state.turns = 3;
+        // Weighed as before: only a put back brings it in again.
+        worlds.weigh(&w, &handle, &state);
+        drop(state);
+        let held = worlds.get(&w, now).expect("put back");
+        assert!(Arc::ptr_eq(&held, &handle));
+        assert_eq!(lock(&held).turns, 3);
     }
 
     /// What `remembered_bytes` should be: counted from the messages held.
