@@ -36,12 +36,14 @@ the run printed above: where the two differ, the tables are the newer.
   lookup or a scrape evicted it meanwhile. Criterion, two alternating
   runs of each build (decisions with approved events off / on / optional
   rules on): before 3.81 / 4.15 / 7.65 and 3.41 / 3.89 / 6.47 µs, after
-  3.84 / 3.96 / 6.35 and 3.45 / 3.85 / 6.10: within the noise. Nothing
-  else since the last run is on a benchmarked path (`egress_acks`
-  refusals, the id of a refused payload's event, a log line's id). This
-  run's machine was faster for the server and the bare relay ((a) 726k
-  msg/s [396k], (b) 298k [202k]) and not for loopguard ((c1) 130k
-  [122k]), so the rate ratios fell: (c1)/(b) 0.43 [0.60], (c2)/(b) 0.25
+  3.84 / 3.96 / 6.35 and 3.45 / 3.85 / 6.10: within the noise. Also on
+  a benchmarked path since the last run, each with no cost to be seen:
+  the payload parser's error now carries the id its JSON gave (a larger
+  error type; the id is read before the content is checked), and a
+  speaker's key (optional rules) hashes its kind. Not on one: `egress_acks`
+  refusals, a log line's id. This run's machine was much faster for the
+  server and the bare relay ((a) 726k msg/s [396k], (b) 298k [202k]) and
+  hardly for loopguard ((c1) 130k [122k]), so the rate ratios fell: (c1)/(b) 0.43 [0.60], (c2)/(b) 0.25
   [0.43] ((c2) at 74k below (c3), with more rules, at 93k: the shared
   machine's noise), and the copying relay's with them, (b2)/(b) 0.54
   [0.68]; (a2)/(b) 0.76 [0.72]. Side by side, CPU a message: (c1)/(b) median 4.43 [4.57],

@@ -99,13 +99,6 @@ pub fn report(
     })
 }
 
-/// The event's `Nats-Msg-Id`: the message's key, `event` and the decision
-/// (`event.approved`, `event.rejected.duplicate`...), so an events stream
-/// drops an event published again (a JetStream message processed again)
-/// as an egress stream drops the copies, but keeps a different decision
-/// about the same id (a client's resent message rejected as a duplicate).
-/// The key is taken from a copy's id where the decision has one (no second
-/// hash on the hot path).
 /// Characters of a message's id a log line holds at most: a client's id may
 /// be as long as a payload (a megabyte), a log line need not be.
 const LOGGED_ID_CHARS: usize = 256;
@@ -117,6 +110,13 @@ fn logged_id(id: &str) -> &str {
         .map_or(id, |(end, _)| &id[..end])
 }
 
+/// The event's `Nats-Msg-Id`: the message's key, `event` and the decision
+/// (`event.approved`, `event.rejected.duplicate`...), so an events stream
+/// drops an event published again (a JetStream message processed again)
+/// as an egress stream drops the copies, but keeps a different decision
+/// about the same id (a client's resent message rejected as a duplicate).
+/// The key is taken from a copy's id where the decision has one (no second
+/// hash on the hot path).
 fn event_id(d: &Decision, world: &Name) -> String {
     let mut buffer = uuid::Uuid::encode_buffer();
     let copied = d

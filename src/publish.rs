@@ -19,6 +19,9 @@ use crate::metrics::{DropReason, Metrics};
 /// (see [`Publisher::answered`]).
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The debug line of a wait for a stream's answer that timed out.
+pub const NO_ANSWER: &str = "no answer from a stream within the wait";
+
 /// Sends [`Outbound`] messages on one client.
 #[derive(Clone)]
 pub struct Publisher {
@@ -252,7 +255,7 @@ impl Publisher {
             Err(e) if e.kind() == PublishErrorKind::TimedOut => {
                 // Or refused as the wait ended.
                 let refused = answered.refusals.since(&subject, sent);
-                tracing::debug!(subject, refused, "no answer from a stream within the wait");
+                tracing::debug!(subject, refused, "{NO_ANSWER}");
                 refused
             }
             Err(_) => false,

@@ -622,15 +622,15 @@ async fn a_copy_the_server_s_permissions_refuse_is_counted_not_redelivered() {
         ],
     );
     until_ready(&lg).await;
-    // w0's copies are stored, w1's refused.
+    // w0's copies are stored, w1's refused; and a rejection, which
+    // shows that debug lines are logged.
     publish_each(&js, 0..6, |i| format!("chat.raw.w{}.agent.a", i % 2)).await;
+    publish_each(&js, 6..7, |_| "chat.raw.w0.robot.r".into()).await;
     until_ingest_acknowledged(&js, &lg).await;
     // Settled at the refusal: no wait for an answer timed out first.
     let logs = lg.logs();
-    assert!(
-        !logs.contains("no answer from a stream within the wait"),
-        "{logs}"
-    );
+    assert!(logs.contains("message rejected"), "{logs}");
+    assert!(!logs.contains(loopguard::publish::NO_ANSWER), "{logs}");
     assert_eq!(stream_messages(&js, "EGRESS").await, 3);
     // A refusal settles every copy to its subject sent before it: the last
     // ones may be counted after their messages were acknowledged.
