@@ -1486,10 +1486,15 @@ impl Worlds {
                 // meanwhile: it is in use).
                 self.cache.insert(name.clone(), world.clone());
             }
-            _ if !self.cache.contains_key(name) => {
-                self.cache.insert(name.clone(), world.clone());
-            }
-            _ => {}
+            _ => self.put_back(name, world),
+        }
+    }
+
+    /// Puts `world` in the cache again if it is not there (evicted while
+    /// in use); a world held is left as it is.
+    fn put_back(&self, name: &Name, world: &WorldHandle) {
+        if !self.cache.contains_key(name) {
+            self.cache.insert(name.clone(), world.clone());
         }
     }
 
@@ -1500,9 +1505,7 @@ impl Worlds {
     /// counts as use.
     pub fn keep(&self, name: &Name, world: &WorldHandle, now: Instant) {
         world.used.store(self.second(now), Ordering::Relaxed);
-        if !self.cache.contains_key(name) {
-            self.cache.insert(name.clone(), world.clone());
-        }
+        self.put_back(name, world);
     }
 
     /// Calls `f` for every world held.
