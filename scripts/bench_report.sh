@@ -23,11 +23,33 @@ cat <<'NOTES'
 These notes are kept by hand. The figures they quote are from the runs
 they name (most of them: the relay run of 2026-11-22 15:06 UTC and the
 criterion run of 15:07 UTC, of commit 415da51; the first point gives the
-latest, of 2026-11-23 06:50 UTC, the second those of 04:48 UTC, the third
-those of 02:56 UTC, the fourth those of 01:39 UTC, the fifth those of
-00:12 UTC, the sixth those of 2026-11-22 21:57 UTC, the seventh those of
-19:20 UTC, the eighth those of 17:08 and 17:09 UTC), which need not be
-the run printed above: where the two differ, the tables are the newer.
+latest, of 2026-11-23 07:32 UTC, the second those of 06:50 UTC, the third
+those of 04:48 UTC, the fourth those of 02:56 UTC, the fifth those of
+01:39 UTC, the sixth those of 00:12 UTC, the seventh those of 2026-11-22
+21:57 UTC, the eighth those of 19:20 UTC, the ninth those of 17:08 and
+17:09 UTC), which need not be the run printed above: where the two
+differ, the tables are the newer.
+
+- **The same code again (2026-11-23 07:32 UTC, commit 2d2c93f).** Since
+  the run of 06:50 UTC (figures in brackets) only a refactor is on a
+  benchmarked path: the two places that put back an evicted world share
+  one function. This run shows how far the shared machine moves between
+  runs of nearly the same code. The bare relay ran much faster ((b) 372k
+  msg/s [298k], 1.50 µs of CPU a message [2.33]) and loopguard slower
+  ((c1) 98k [130k], 11.33 µs [8.50]), so the table's ratios are the
+  worst yet: (c1)/(b) rate 0.26 [0.43], (c2)/(b) 0.19 [0.25], CPU 7.56
+  [3.64]; the ceilings fell with them, (a2)/(b) 0.54 [0.76] and (b2)/(b)
+  0.44 [0.54]. Side by side, where the three relays share the same
+  seconds, the CPU ratios barely moved: (c1)/(b) median 4.59 [4.43],
+  (b2)/(b) 1.76 [1.64], (c1)/(b2) 2.59 [2.70]. Criterion 3.89 / 4.00 /
+  6.56 µs [3.72 / 3.78 / 7.87], samples' medians 3.69 / 3.91 µs, slowest
+  7.71 / 6.20; single decisions p99 8.20 µs [8.04], 5.54 with the
+  upkeep between [6.31] (its slowest, 21.9 ms, a one-off far past its
+  p99.9 of 49 µs, where the previous run's slowest was 0.19 ms:
+  likely the shared machine, not looked into further); busy worlds p50 5.52 [5.66], p99 12.73
+  [13.41]. Idle world 918 bytes [918]; the flood levelled off at
+  103.2-109.4 MiB [102.7-109.4]. Policy hook (p1)/(p0) 0.34 [0.43],
+  (p2)/(p0) 0.12 [0.13]. 0 drops.
 
 - **A world evicted while it is decided is put back (2026-11-23 06:50
   UTC, commit f57a4b6).** After each decision's commit,
