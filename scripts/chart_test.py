@@ -231,6 +231,7 @@ def main():
                 "config.rules.policy.trip_after=10001", "terminationGraceExtraSeconds=3",
                 "config.nats.jetstream.retention=forever", "updateStrategy.type=Sometimes",
                 "config.state.idle_seconds=315360001", "config.nats.jetstream.ack_wait_seconds=315360001",
+                "config.shutdown.grace_seconds=315360001",
                 "config.nats.subscription_capacity=16777217", "config.reload.watch_seconds=86401",
                 "config.http.address=example.com", "config.http.address=0.0.0.0:80",
                 # the probes reach the pod IP: a loopback or single address never gets ready

@@ -1141,8 +1141,13 @@ impl Config {
         if self.runtime.threads == 0 || self.runtime.threads > 1024 {
             return Err(invalid("runtime.threads", "must be 1 to 1024"));
         }
-        if self.shutdown.grace_seconds == 0 {
-            return Err(invalid("shutdown.grace_seconds", "must be at least 1"));
+        // Past a bound, the drain's deadline would overflow the clock (a
+        // panic at start-up in JetStream mode, where `--check` said OK).
+        if !(1..=MAX_SECONDS).contains(&self.shutdown.grace_seconds) {
+            return Err(invalid(
+                "shutdown.grace_seconds",
+                format!("must be 1 to {MAX_SECONDS} (ten years)"),
+            ));
         }
 
         let mut worlds = HashMap::new();

@@ -94,6 +94,13 @@ fn check_and_start_up_exit_2_naming_the_key() {
             &[("LOOPGUARD__RELOAD__WATCH_SECONDS", "18446744073709551615")],
             "reload.watch_seconds",
         ),
+        // The drain's deadline past the clock: in JetStream mode a panic
+        // once the stream was set up (TOML's integers stop short of it).
+        (
+            "",
+            &[("LOOPGUARD__SHUTDOWN__GRACE_SECONDS", "18446744073709551615")],
+            "shutdown.grace_seconds",
+        ),
         // A credentials file that is not one: refused here, not at connect
         // (exit 1).
         (

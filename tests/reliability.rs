@@ -841,6 +841,69 @@ async fn when_the_grace_period_runs_out_the_undecided_messages_are_handed_back()
     a_second_run_finishes_all(&nats, &js, &config, N as u64).await;
 }
 
+/// When the grace period runs out while a worker decides the messages a
+/// world held back behind an answered policy request (each slowed here, as
+/// a slow publish of the one before would slow it), the rest of them are
+/// handed back with everything else undecided. Until 2026-11-23 the worker
+/// decided the whole chain past the grace period: here all 20 within the
+/// drain's bound, and where that bound cut a longer chain short, what was
+/// left came back only after `ack_wait`.
+#[cfg(debug_assertions)]
+#[tokio::test]
+async fn a_chain_of_held_back_messages_stops_where_the_grace_period_runs_out() {
+    // Three humans' messages, an agent's that asks, 20 humans' behind it.
+    const N: usize = 24;
+    let nats = NatsServer::start_jetstream();
+    let (client, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    let open = held_policy_service(&client).await;
+    let config = held_policy_config(1, 120);
+    let mut first = Loopguard::spawn_env(
+        &nats.url(),
+        &config,
+        &[("LOOPGUARD_TEST_STALL_HELD_MS", "100")],
+    );
+    until_ready(&first).await;
+    let subject = |i: usize| match i {
+        3 => "chat.raw.w0.agent.a1".to_owned(),
+        _ => "chat.raw.w0.human.h1".to_owned(),
+    };
+    publish_each(&js, 0..N, subject).await;
+    until_delivered(&js, N).await;
+    first.signal("TERM");
+    // The answer comes 0.3 s into the 1 s grace period; the 20 behind it
+    // take 2 s to decide, within the 2 s the drain has after the period.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = open.send(());
+    assert_eq!(first.exited().await.code(), Some(0), "{}", first.logs());
+    let logs = first.logs();
+    let left = logs
+        .lines()
+        .find(|l| l.contains("left undecided when the grace period ran out"))
+        .unwrap_or_else(|| panic!("no count of what was left: {logs}"));
+    assert!(left.contains("finished=true"), "{left}");
+    assert_eq!(
+        field(left, "not_handed_back") + field(left, "dropped"),
+        0,
+        "{left}"
+    );
+    let by_intake = logs
+        .lines()
+        .find(|l| l.contains("handed back for redelivery"))
+        .map_or(0, |l| field(l, "handed_back"));
+    let handed_back = field(left, "handed_back") + by_intake;
+    assert!(handed_back > 0, "the whole chain was decided: {left}");
+    // Each decided message has its one public copy; none of the rest.
+    until_stream_holds(&js, "EGRESS", (N - handed_back) as u64, &first).await;
+    assert_eq!(
+        stream_messages(&js, "EGRESS").await,
+        (N - handed_back) as u64,
+        "{left}"
+    );
+
+    a_second_run_finishes_all(&nats, &js, &config, N as u64).await;
+}
+
 /// When the grace period runs out with a world's messages both held by its
 /// worker (one waiting for the policy service, the rest behind it and in
 /// the worker's queue) and pulled but not yet taken (in the intake), the

@@ -415,6 +415,10 @@ impl Worker {
     ) {
         #[cfg(debug_assertions)]
         fault::panic_on_world(&origin);
+        #[cfg(debug_assertions)]
+        if held {
+            fault::stall_held().await;
+        }
         let replay = self.replay.clone(); // a handle: `publish` borrows self mutably
         match (&delivery, &replay) {
             (Some(d), Some(replay)) => {
@@ -630,6 +634,14 @@ impl Worker {
             return;
         };
         while let Some(work) = later.pop_front() {
+            if work.delivery.is_some() && self.grace_over.is_over() {
+                // The grace period ran out while the world's messages were
+                // decided (a slow publish, say): the rest is handed back,
+                // as everything undecided is. (Still counted as held.)
+                later.push_front(work);
+                self.parked.insert(world.clone(), later);
+                return self.abandon_held(Some(world)).await;
+            }
             self.parked_len -= 1;
             if let Some(d) = &work.delivery {
                 self.held_keys.remove(&d.key);
@@ -898,9 +910,9 @@ struct Pending {
     answers_end: usize,
 }
 
-/// Fault injection for the tests of what follows a bug, in debug builds
-/// only: a message to the world named by `LOOPGUARD_TEST_PANIC_WORLD`
-/// panics its worker.
+/// Fault injection for the tests of what follows a bug or a stall, in debug
+/// builds only: a message to the world named by `LOOPGUARD_TEST_PANIC_WORLD`
+/// panics its worker; `LOOPGUARD_TEST_STALL_HELD_MS` slows held-back ones.
 #[cfg(debug_assertions)]
 mod fault {
     use crate::subject::Origin;
@@ -910,6 +922,21 @@ mod fault {
         let world = WORLD.get_or_init(|| std::env::var("LOOPGUARD_TEST_PANIC_WORLD").ok());
         if let (Some(world), Some(to)) = (world, origin.world()) {
             assert!(world != to.as_str(), "fault injected for world {world}");
+        }
+    }
+
+    /// Holds up each message held back behind a policy answer for
+    /// `LOOPGUARD_TEST_STALL_HELD_MS`, as a slow publish of the one before
+    /// it would.
+    pub async fn stall_held() {
+        static MS: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+        let ms = MS.get_or_init(|| {
+            std::env::var("LOOPGUARD_TEST_STALL_HELD_MS")
+                .ok()
+                .and_then(|ms| ms.parse().ok())
+        });
+        if let Some(ms) = *ms {
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
         }
     }
 }
