@@ -26,6 +26,12 @@ wait_for() {
     return 1
 }
 
+# loopguard on its defaults: none of the caller's LOOPGUARD* settings (a
+# prefix, a rule or a config file there would change or break the scenes).
+for name in $(compgen -e); do
+    case $name in LOOPGUARD*) unset "$name" ;; esac
+done
+
 "$nats" -a 127.0.0.1 -p -1 --ports_file_dir "$run" 2>"$run/nats.log" &
 nats_pid=$!
 # Its ports file, named after its executable: the only one in $run.

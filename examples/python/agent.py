@@ -14,11 +14,13 @@ Run two of them against a NATS server with loopguard in front:
 
     python agent.py --world demo --name alice --peer bob &
     python agent.py --world demo --name bob --peer alice &
+    # a human starts it; with the nats CLI (any NATS client will do):
     nats pub chat.raw.demo.human.hank '{"content": "@alice what do you think? ask bob"}'
 """
 import argparse
 import asyncio
 import json
+import re
 
 import nats
 
@@ -27,11 +29,25 @@ import nats
 # again this often, and whenever its connection comes back.
 JOIN_EVERY_SECONDS = 600
 
+# A world or agent name as loopguard reads it (contract §1): it lowercases
+# the token, which must then be 1-64 of a-z, 0-9, _ and -. Inboxes are
+# named in that form, and NATS subjects are case-sensitive, so an agent
+# started as "Alice" would listen on an inbox loopguard never writes to.
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def canonical(name):
+    """`name` as loopguard names it, or an error saying why it is none."""
+    if not NAME.fullmatch(name):
+        raise ValueError(f"{name!r}: a name is 1-64 of a-z, 0-9, '_' and '-'")
+    return name.lower()
+
 
 class Agent:
     """Answers every inbox message by mentioning its peer."""
 
     def __init__(self, nc, world, name, peer, prefix="chat"):
+        world, name, peer = canonical(world), canonical(name), canonical(peer)
         self.nc = nc
         self.name = name
         self.peer = peer
@@ -82,6 +98,11 @@ async def main():
     parser.add_argument("--peer", required=True)
     parser.add_argument("--prefix", default="chat", help="loopguard's nats.prefix")
     args = parser.parse_args()
+    for name in (args.world, args.name, args.peer):
+        try:
+            canonical(name)
+        except ValueError as e:
+            parser.error(str(e))
     agent = None
 
     async def rejoin():
@@ -91,7 +112,7 @@ async def main():
     nc = await nats.connect(args.url, reconnected_cb=rejoin)
     agent = Agent(nc, args.world, args.name, args.peer, args.prefix)
     await agent.start()
-    print(f"{args.name}: listening on {agent.inbox}, publishing to {agent.raw}")
+    print(f"{agent.name}: listening on {agent.inbox}, publishing to {agent.raw}")
     await agent.keep_joined()
 
 

@@ -77,7 +77,9 @@ async def main():
 
 async def python_agents(url):
     """The two agents in this process; a function that stops them."""
-    agents = [Agent(await nats.connect(url), "pyloop", name, peer) for name, peer in (("alice", "bob"), ("bob", "alice"))]
+    # Names as a person might type them: the agents listen on the inboxes
+    # loopguard names in lowercase.
+    agents = [Agent(await nats.connect(url), "PyLoop", name, peer) for name, peer in (("Alice", "Bob"), ("Bob", "Alice"))]
     for agent in agents:
         await agent.start()
 
@@ -98,12 +100,13 @@ async def typescript_agents(url):
             os.killpg(proc.pid, signal.SIGTERM)
             await proc.wait()
 
-    for name, peer in (("alice", "bob"), ("bob", "alice")):
+    # Names as a person might type them (see `python_agents`).
+    for name, peer in (("Alice", "Bob"), ("Bob", "Alice")):
         # In a session of its own: tsx runs the agent in a child node
         # process, and stopping the session stops both.
         proc = await asyncio.create_subprocess_exec(
             os.path.join(here, "node_modules", ".bin", "tsx"), "agent.ts",
-            "--url", url, "--world", "pyloop", "--name", name, "--peer", peer,
+            "--url", url, "--world", "PyLoop", "--name", name, "--peer", peer,
             cwd=here, stdout=asyncio.subprocess.PIPE, start_new_session=True)
         procs.append(proc)
         line = await proc.stdout.readline()

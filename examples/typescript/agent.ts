@@ -32,11 +32,22 @@ function arg(name: string, fallback?: string): string {
   return value;
 }
 
+// A world or agent name as loopguard reads it (contract §1): it lowercases
+// the token, which must then be 1-64 of a-z, 0-9, _ and -. Inboxes are
+// named in that form, and NATS subjects are case-sensitive, so an agent
+// started as "Alice" would listen on an inbox loopguard never writes to.
+function canonical(flag: string, name: string): string {
+  if (!/^[A-Za-z0-9_-]{1,64}$/.test(name)) {
+    throw new Error(`--${flag} ${JSON.stringify(name)}: a name is 1-64 of a-z, 0-9, '_' and '-'`);
+  }
+  return name.toLowerCase();
+}
+
 async function main(): Promise<void> {
   const url = arg("url", "nats://127.0.0.1:4222");
-  const world = arg("world", "demo");
-  const name = arg("name");
-  const peer = arg("peer");
+  const world = canonical("world", arg("world", "demo"));
+  const name = canonical("name", arg("name"));
+  const peer = canonical("peer", arg("peer"));
   const prefix = arg("prefix", "chat");
 
   const nc = await connect({ servers: url });
