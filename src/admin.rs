@@ -4,8 +4,9 @@
 //! Bounds: at most [`MAX_CONNECTIONS`] connections at once (past that a new
 //! connection displaces the oldest one that is not being answered; see
 //! [`Connections`]), headers within [`MAX_HEADER_BYTES`] and read within
-//! [`HEADER_TIMEOUT`], and request bodies are never read: a request that
-//! announces one over [`MAX_BODY_BYTES`] gets 413.
+//! [`HEADER_TIMEOUT`], request bodies are never read (a request that
+//! announces one over [`MAX_BODY_BYTES`] gets 413), and at most [`HANDLERS`]
+//! requests other than the probes are answered at once.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -40,6 +41,10 @@ pub const MAX_BODY_BYTES: u64 = 4 * 1024;
 pub const MAX_CONTEXT_BYTES: usize = 4 * 1024 * 1024;
 /// Time a client has to send its request head.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Requests other than the probes answered at once, each on a thread of
+/// tokio's blocking pool: plenty for Prometheus and an operator, and a bound
+/// on the threads clients can make loopguard hold.
+pub const HANDLERS: usize = 4;
 
 /// What `/readyz` answers: subscribed (messages can come in), connected
 /// now, the subscriptions confirmed on this connection, not draining.
@@ -185,6 +190,7 @@ pub const BY_STATE_TTL: Duration = Duration::from_secs(5);
 /// dropped (connections already accepted are served until they end).
 pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
     let open = Arc::new(Connections::default());
+    let handlers = Arc::new(tokio::sync::Semaphore::new(HANDLERS));
     // Out of file descriptors, say, it fails again every 50 ms until some
     // are freed: logged once every ten seconds, with the count.
     let accept_failed = crate::metrics::LogLimit::default();
@@ -204,26 +210,42 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
             tracing::debug!(%peer, "http: every connection is answering a request; refused");
             continue;
         };
-        let admin = admin.clone();
+        let (admin, handlers) = (admin.clone(), handlers.clone());
         tokio::spawn(async move {
             let activity = slot.activity.clone();
             let service = hyper::service::service_fn(move |req| {
-                let admin = admin.clone();
+                let (admin, handlers) = (admin.clone(), handlers.clone());
                 // Marked when hyper has the request head, before the
                 // handler is first polled.
                 let answering = Answering::start(&activity);
                 async move {
                     let _answering = answering;
+                    if is_probe(&req) {
+                        // They read atomics only: answered here, never
+                        // behind other requests, which cannot keep the
+                        // kubelet's probes waiting.
+                        return Ok::<_, Infallible>(handle(&admin, req));
+                    }
+                    // The permit goes with the handler: one whose client
+                    // hung up (this future dropped) still holds it until it
+                    // is done, so clients hanging up cannot start more than
+                    // HANDLERS at once. (The semaphore is never closed.)
+                    let permit = handlers.acquire_owned().await;
                     // Off the runtime's threads: a scrape visits every world
                     // (about 100 ms at 100,000 worlds), and with one runtime
                     // thread that time would be taken from the messages.
-                    let reply = tokio::task::spawn_blocking(move || handle(&admin, req))
-                        .await
-                        .unwrap_or_else(|e| {
-                            tracing::error!(error = %e, "http handler failed");
-                            text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n")
-                        });
-                    Ok::<_, Infallible>(reply)
+                    let reply = tokio::task::spawn_blocking(move || {
+                        let _permit = permit;
+                        #[cfg(debug_assertions)]
+                        fault::slow_handler();
+                        handle(&admin, req)
+                    })
+                    .await
+                    .unwrap_or_else(|e| {
+                        tracing::error!(error = %e, "http handler failed");
+                        text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n")
+                    });
+                    Ok(reply)
                 }
             });
             let conn = hyper::server::conn::http1::Builder::new()
@@ -256,6 +278,30 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
 
 /// How long a displaced connection has to finish writing a reply.
 const DISPLACED_GRACE: Duration = Duration::from_secs(1);
+
+/// `/healthz` or `/readyz`, asked with GET or HEAD.
+fn is_probe<B>(req: &Request<B>) -> bool {
+    matches!(*req.method(), Method::GET | Method::HEAD)
+        && matches!(req.uri().path(), "/healthz" | "/readyz")
+}
+
+/// Fault injection for the tests, in debug builds only:
+/// `LOOPGUARD_TEST_SLOW_HANDLER_MS` holds up every request but the probes,
+/// as a scrape of many worlds would.
+#[cfg(debug_assertions)]
+mod fault {
+    pub fn slow_handler() {
+        static MS: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+        let ms = MS.get_or_init(|| {
+            std::env::var("LOOPGUARD_TEST_SLOW_HANDLER_MS")
+                .ok()
+                .and_then(|ms| ms.parse().ok())
+        });
+        if let Some(ms) = *ms {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
+    }
+}
 
 /// The connections served now, oldest first. Past [`MAX_CONNECTIONS`] a new
 /// connection closes the oldest one not answering a request (one sending
@@ -390,7 +436,8 @@ fn json_error(status: StatusCode, message: String) -> Reply {
 }
 
 /// Routes one request. Synchronous: no route waits on anything, and
-/// [`serve`] runs it on the blocking pool, beside the runtime.
+/// [`serve`] runs it on the blocking pool, beside the runtime (the probes,
+/// which read atomics only, on the runtime).
 pub fn handle(admin: &Admin, req: Request<Incoming>) -> Reply {
     let announced = req
         .headers()

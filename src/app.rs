@@ -450,10 +450,10 @@ async fn reload_in_background(
     }
 }
 
-/// Reloads when the file's modification time or size changes, once the
-/// change has stood for a whole check: a file written in place (truncated,
-/// then filled) is not read half-written, when an empty or cut file may
-/// still parse, as all defaults.
+/// Reloads when the file's modification time, size or identity changes
+/// (see [`file_stamp`]), once the change has stood for a whole check: a
+/// file written in place (truncated, then filled) is not read half-written,
+/// when an empty or cut file may still parse, as all defaults.
 async fn reload_on_change(
     reload: Arc<Reload>,
     path: std::path::PathBuf,
@@ -461,12 +461,8 @@ async fn reload_on_change(
     judge: Arc<Judge>,
     metrics: Metrics,
 ) {
-    let stamp = async |p: &std::path::Path| {
-        tokio::fs::metadata(p)
-            .await
-            .ok()
-            .map(|m| (m.modified().ok(), m.len()))
-    };
+    let stamp =
+        async |p: &std::path::Path| tokio::fs::metadata(p).await.ok().map(|m| file_stamp(&m));
     let mut applied = stamp(&path).await;
     let (mut seen, mut changing) = (applied, 0);
     let mut tick = tokio::time::interval(every);
@@ -482,6 +478,23 @@ async fn reload_on_change(
             reload_in_background(&reload, &judge, &metrics, "file change").await;
         }
     }
+}
+
+/// What tells one version of the watched file from another: its
+/// modification time and size, and on Unix which file it is and when its
+/// inode last changed. A link swapped to another file of the same size and
+/// modification time (an archive keeps whole seconds) is a change too.
+fn file_stamp(m: &std::fs::Metadata) -> (Option<std::time::SystemTime>, u64, [i64; 4]) {
+    #[cfg(unix)]
+    let identity = {
+        use std::os::unix::fs::MetadataExt;
+        // Device and inode numbers fit: the kernel's are 64-bit, compared
+        // only for equality.
+        [m.dev() as i64, m.ino() as i64, m.ctime(), m.ctime_nsec()]
+    };
+    #[cfg(not(unix))]
+    let identity = [0; 4];
+    (m.modified().ok(), m.len(), identity)
 }
 
 /// Applies a new configuration on every SIGHUP, listening from this call on

@@ -982,7 +982,11 @@ async fn a_watched_config_file_is_reloaded_when_it_changes() {
 /// The kubelet updates a mounted ConfigMap (the chart's, with
 /// `config.reload.watch_seconds`) by writing the new file into a directory
 /// of its own and swapping a `..data` link to it; the config path is a link
-/// through `..data`, whose own time never changes. The watch follows it.
+/// through `..data`, whose own time never changes. The watch follows it,
+/// and tells the files apart by more than size and time: here the update
+/// has the size and modification time of the file it replaces (as two
+/// files of one archive, which keeps whole seconds, may), which the watch
+/// missed until 2026-11-23.
 #[cfg(unix)]
 #[tokio::test]
 async fn a_watched_config_file_is_reloaded_when_a_configmap_link_is_swapped() {
@@ -1018,6 +1022,21 @@ async fn a_watched_config_file_is_reloaded_when_a_configmap_link_is_swapped() {
 
     // An update: a new directory, and ..data swapped to it.
     version("..v2", 1);
+    let (old, new) = (
+        dir.join("..v1/loopguard.toml"),
+        dir.join("..v2/loopguard.toml"),
+    );
+    assert_eq!(
+        std::fs::metadata(&old).unwrap().len(),
+        std::fs::metadata(&new).unwrap().len()
+    );
+    let modified = std::fs::metadata(&old).unwrap().modified().unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&new)
+        .unwrap()
+        .set_modified(modified)
+        .unwrap();
     swap("..data", "..v2");
     h.loopguard.until_logged("configuration reloaded", 2).await;
     h.send_json("w", "agent", "alice", support::msg("three"))

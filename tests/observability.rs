@@ -271,6 +271,73 @@ async fn connections_holding_every_slot_do_not_keep_the_probes_out() {
     );
 }
 
+/// Clients that send a request and hang up at once do not make loopguard
+/// hold a thread each. A request is answered on tokio's blocking pool, and
+/// a handler whose client has gone still runs to its end: until 2026-11-23
+/// nothing bounded how many ran, so such clients (here each request held up
+/// 300 ms, as a scrape of many worlds is, by a debug-only fault) grew the
+/// pool towards its 512 threads, and the probes, answered there too, queued
+/// behind them. Now at most `HANDLERS` run at once (a request still waiting
+/// for its turn when its client goes is never started), and the probes are
+/// answered on the runtime.
+#[cfg(debug_assertions)]
+#[tokio::test]
+async fn requests_whose_clients_hang_up_do_not_pile_up_threads() {
+    use tokio::io::AsyncWriteExt;
+    const CLIENTS: usize = 200;
+    let nats = NatsServer::start();
+    let lg = support::Loopguard::spawn_env(
+        &nats.url(),
+        "",
+        &[("LOOPGUARD_TEST_SLOW_HANDLER_MS", "300")],
+    );
+    let addr = lg.http_addr().await;
+    // Ready: connected, so the server's name was looked up (on the pool).
+    support::within("ready", async {
+        while http(&addr, "GET", "/readyz", &[]).await.0 != 200 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let threads = || {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", lg.pid()))
+            .expect("the process's status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .and_then(|n| n.trim().parse::<usize>().ok())
+            .expect("a thread count")
+    };
+    let before = threads();
+    let hang_ups = (0..CLIENTS).map(|_| {
+        let addr = addr.clone();
+        tokio::spawn(async move {
+            let mut s = tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connect");
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .expect("write");
+            // Long enough for loopguard to read the request and start on
+            // it, far shorter than its answer takes.
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        })
+    });
+    for client in futures::future::join_all(hang_ups).await {
+        client.expect("a client");
+    }
+    assert_eq!(http(&addr, "GET", "/healthz", &[]).await.0, 200);
+    // Idle threads of the pool stay for 10 s: what the flood started is
+    // still counted. (Two spare, for other work of the pool meanwhile.)
+    let after = threads();
+    assert!(
+        after <= before + loopguard::admin::HANDLERS + 2,
+        "{before} threads before {CLIENTS} requests hung up, {after} after"
+    );
+    // A scrape is still answered, in its turn.
+    assert_eq!(http(&addr, "GET", "/metrics", &[]).await.0, 200);
+}
+
 #[tokio::test]
 async fn readyz_is_503_while_nats_is_down_and_200_after_it_returns_on_the_same_port() {
     let mut h = Harness::start("").await;
