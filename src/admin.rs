@@ -43,7 +43,8 @@ pub const MAX_CONTEXT_BYTES: usize = 4 * 1024 * 1024;
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Requests other than the probes answered at once, each on a thread of
 /// tokio's blocking pool: plenty for Prometheus and an operator, and a bound
-/// on the threads clients can make loopguard hold.
+/// on the threads clients can make loopguard hold (a thread returns to the
+/// pool just after its permit, so the pool may briefly start one more).
 pub const HANDLERS: usize = 4;
 
 /// What `/readyz` answers: subscribed (messages can come in), connected
@@ -215,15 +216,13 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
             let activity = slot.activity.clone();
             let service = hyper::service::service_fn(move |req| {
                 let (admin, handlers) = (admin.clone(), handlers.clone());
-                // Marked when hyper has the request head, before the
-                // handler is first polled.
-                let answering = Answering::start(&activity);
+                let activity = activity.clone();
                 async move {
-                    let _answering = answering;
                     if is_probe(&req) {
                         // They read atomics only: answered here, never
                         // behind other requests, which cannot keep the
                         // kubelet's probes waiting.
+                        let _answering = Answering::start(&activity);
                         return Ok::<_, Infallible>(handle(&admin, req));
                     }
                     // The permit goes with the handler: one whose client
@@ -231,6 +230,11 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                     // is done, so clients hanging up cannot start more than
                     // HANDLERS at once. (The semaphore is never closed.)
                     let permit = handlers.acquire_owned().await;
+                    // Marked answering only now: a connection whose request
+                    // waits for its turn may be displaced, so connections
+                    // queued behind slow handlers cannot keep new ones (the
+                    // probes') out.
+                    let _answering = Answering::start(&activity);
                     // Off the runtime's threads: a scrape visits every world
                     // (about 100 ms at 100,000 worlds), and with one runtime
                     // thread that time would be taken from the messages.
@@ -279,10 +283,14 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
 /// How long a displaced connection has to finish writing a reply.
 const DISPLACED_GRACE: Duration = Duration::from_secs(1);
 
-/// `/healthz` or `/readyz`, asked with GET or HEAD.
+/// `/healthz` or `/readyz`, asked with GET or HEAD, the path read as
+/// [`handle`] reads it.
 fn is_probe<B>(req: &Request<B>) -> bool {
     matches!(*req.method(), Method::GET | Method::HEAD)
-        && matches!(req.uri().path(), "/healthz" | "/readyz")
+        && matches!(
+            req.uri().path().trim_start_matches('/'),
+            "healthz" | "readyz"
+        )
 }
 
 /// Fault injection for the tests, in debug builds only:
@@ -305,10 +313,11 @@ mod fault {
 
 /// The connections served now, oldest first. Past [`MAX_CONNECTIONS`] a new
 /// connection closes the oldest one not answering a request (one sending
-/// its request head, or idle between requests): clients holding every
-/// connection open, each sending its head a byte at a time, would otherwise
-/// keep the kubelet's probes out until it restarts the pod. Only when
-/// every connection is answering a request is the new one refused.
+/// its request head, one whose request waits for its handler's turn, or
+/// one idle between requests): clients holding every connection open, each
+/// sending its head a byte at a time, would otherwise keep the kubelet's
+/// probes out until it restarts the pod. Only when every connection is
+/// answering a request is the new one refused.
 struct Connections {
     held: Mutex<Held>,
     /// Displaced connections finishing a reply (see [`DISPLACED_GRACE`]),
@@ -336,7 +345,8 @@ struct Held {
 /// What a connection is doing.
 #[derive(Default)]
 struct Activity {
-    /// A request is being answered: from its whole head to its reply.
+    /// A request is being answered: from its handler's turn (at once for a
+    /// probe) to its reply.
     answering: AtomicBool,
     /// A request was answered: its reply may still be being written.
     answered: AtomicBool,

@@ -275,11 +275,12 @@ async fn connections_holding_every_slot_do_not_keep_the_probes_out() {
 /// hold a thread each. A request is answered on tokio's blocking pool, and
 /// a handler whose client has gone still runs to its end: until 2026-11-23
 /// nothing bounded how many ran, so such clients (here each request held up
-/// 300 ms, as a scrape of many worlds is, by a debug-only fault) grew the
-/// pool towards its 512 threads, and the probes, answered there too, queued
-/// behind them. Now at most `HANDLERS` run at once (a request still waiting
-/// for its turn when its client goes is never started), and the probes are
-/// answered on the runtime.
+/// a second, as a scrape of many worlds is held up for a tenth of one, by a
+/// debug-only fault) grew the pool towards its 512 threads, and the probes,
+/// answered there too, queued behind them. Now at most `HANDLERS` run at
+/// once (a request still waiting for its turn when its client goes is never
+/// started), and the probes are answered at once, ahead of requests waiting
+/// for their turn.
 #[cfg(debug_assertions)]
 #[tokio::test]
 async fn requests_whose_clients_hang_up_do_not_pile_up_threads() {
@@ -289,7 +290,7 @@ async fn requests_whose_clients_hang_up_do_not_pile_up_threads() {
     let lg = support::Loopguard::spawn_env(
         &nats.url(),
         "",
-        &[("LOOPGUARD_TEST_SLOW_HANDLER_MS", "300")],
+        &[("LOOPGUARD_TEST_SLOW_HANDLER_MS", "1000")],
     );
     let addr = lg.http_addr().await;
     // Ready: connected, so the server's name was looked up (on the pool).
@@ -334,8 +335,28 @@ async fn requests_whose_clients_hang_up_do_not_pile_up_threads() {
         after <= before + loopguard::admin::HANDLERS + 2,
         "{before} threads before {CLIENTS} requests hung up, {after} after"
     );
-    // A scrape is still answered, in its turn.
-    assert_eq!(http(&addr, "GET", "/metrics", &[]).await.0, 200);
+
+    // Every handler busy, and more requests waiting for their turn: the
+    // probes, however their path is written, are answered before any of
+    // them (queued with the rest, they would wait for a handler's second).
+    let busy: Vec<_> = (0..=loopguard::admin::HANDLERS)
+        .map(|_| {
+            let addr = addr.clone();
+            tokio::spawn(async move { http(&addr, "GET", "/metrics", &[]).await.0 })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    for probe in ["/healthz", "//readyz"] {
+        assert_eq!(http(&addr, "GET", probe, &[]).await.0, 200, "{probe}");
+    }
+    assert!(
+        busy.iter().all(|r| !r.is_finished()),
+        "a scrape was answered before the probes"
+    );
+    // Each scrape is answered, in its turn.
+    for status in futures::future::join_all(busy).await {
+        assert_eq!(status.expect("a scrape"), 200);
+    }
 }
 
 #[tokio::test]
