@@ -70,6 +70,7 @@ async fn ingest_stream_of(
             name: "LOOPGUARD_INGEST".into(),
             subjects: subjects.iter().map(|s| s.to_string()).collect(),
             retention,
+            duplicate_window: loopguard::ingest::jetstream::INGEST_DUPLICATE_WINDOW,
             ..Default::default()
         },
     )
@@ -274,6 +275,68 @@ async fn a_second_run_finishes_all(
     until_stream_holds(js, "EGRESS", n, &second).await;
     until_ingest_acknowledged(js, &second).await;
     assert_eq!(stream_messages(js, "EGRESS").await, n);
+}
+
+/// Agents may reuse ids (contract §9), and a `Nats-Msg-Id` header is a
+/// message's id when its payload names none. nats-server deduplicates by
+/// that header across a whole stream: with the ingest stream's default
+/// window of two minutes, a message carrying an id another world's message
+/// had carried a moment before was dropped unjudged, with no event and no
+/// count. loopguard now creates the stream with the server's least window
+/// (100 ms), and names an existing stream with a longer one in a warning.
+#[tokio::test]
+async fn raw_messages_that_reuse_a_header_id_are_each_judged() {
+    let nats = NatsServer::start_jetstream();
+    let (client, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    let lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
+    until_ready(&lg).await;
+    let mut ingest = within("get stream", js.get_stream("LOOPGUARD_INGEST"))
+        .await
+        .expect("the ingest stream");
+    let window = within("stream info", ingest.info())
+        .await
+        .unwrap()
+        .config
+        .duplicate_window;
+    assert_eq!(window, Duration::from_millis(100));
+    // Two humans in two worlds, each numbering its messages from 1; the
+    // second past the server's least window, well within its default.
+    for world in ["w1", "w2"] {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", "1");
+        let body = json!({"content": format!("hello from {world}")}).to_string();
+        within(
+            "publish",
+            client.publish_with_headers(format!("chat.raw.{world}.human.h"), headers, body.into()),
+        )
+        .await
+        .expect("publish");
+        within("flush", client.flush()).await.expect("flush");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    until_stream_holds(&js, "EGRESS", 2, &lg).await;
+    assert_eq!(stream_messages(&js, "EGRESS").await, 2);
+    assert!(
+        !lg.logs().contains("within its duplicate window"),
+        "{}",
+        lg.logs()
+    );
+
+    // A stream made before, with the server's default window: named.
+    let nats = NatsServer::start_jetstream();
+    let (_, js) = connect(&nats).await;
+    create_stream(
+        &js,
+        stream::Config {
+            name: "LOOPGUARD_INGEST".into(),
+            subjects: vec!["chat.raw.>".into(), "chat.join.>".into()],
+            ..Default::default()
+        },
+    )
+    .await;
+    let lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
+    lg.until_logged("within its duplicate window", 1).await;
 }
 
 #[tokio::test]

@@ -295,6 +295,14 @@ fn weight(outbound: &[Outbound]) -> u32 {
         .max(REPLAY_BYTES_PER_DECISION)
 }
 
+/// The ingest stream's duplicate window: the server's least. nats-server
+/// deduplicates by `Nats-Msg-Id` across a whole stream, so a raw message
+/// whose header id another one carried within the window (any world, any
+/// sender: ids are theirs to reuse, contract §9) would be dropped unjudged.
+/// Its default of two minutes made that likely for agents numbering their
+/// messages; it cannot be turned off.
+pub const INGEST_DUPLICATE_WINDOW: Duration = Duration::from_millis(100);
+
 /// Creates or verifies the stream, then creates or opens the consumer.
 pub async fn consumer(
     client: &async_nats::Client,
@@ -318,6 +326,7 @@ pub async fn consumer(
             max_age: Duration::from_secs(config.max_age_seconds),
             max_bytes: limit(config.max_bytes),
             max_messages: limit(config.max_messages),
+            duplicate_window: INGEST_DUPLICATE_WINDOW,
             ..Default::default()
         })
         .await
@@ -339,6 +348,13 @@ pub async fn consumer(
             raw: wanted[0].clone(),
             join: wanted[1].clone(),
         });
+    }
+    if info.config.duplicate_window > INGEST_DUPLICATE_WINDOW {
+        tracing::warn!(
+            stream = %config.stream,
+            duplicate_window = ?info.config.duplicate_window,
+            "the existing stream drops a raw message whose Nats-Msg-Id header another one carried within its duplicate window, unjudged and uncounted; set the window to 100ms (nats stream edit <stream> --dupe-window 100ms)"
+        );
     }
     let retention = &info.config.retention;
     if *retention != retention_of(config.retention) {
