@@ -353,7 +353,8 @@ pub async fn consumer(
         tracing::warn!(
             stream = %config.stream,
             duplicate_window = ?info.config.duplicate_window,
-            "the existing stream drops a raw message whose Nats-Msg-Id header another one carried within its duplicate window, unjudged and uncounted; set the window to 100ms (nats stream edit <stream> --dupe-window 100ms)"
+            "the existing stream drops a message whose Nats-Msg-Id header another one carried within its duplicate window, unjudged and uncounted; set the window to 100ms (nats stream edit {} --dupe-window 100ms)",
+            config.stream
         );
     }
     let retention = &info.config.retention;
