@@ -241,7 +241,7 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                     let reply = tokio::task::spawn_blocking(move || {
                         let _permit = permit;
                         #[cfg(debug_assertions)]
-                        fault::slow_handler();
+                        crate::fault::slow_handler();
                         handle(&admin, req)
                     })
                     .await
@@ -291,24 +291,6 @@ fn is_probe<B>(req: &Request<B>) -> bool {
             req.uri().path().trim_start_matches('/'),
             "healthz" | "readyz"
         )
-}
-
-/// Fault injection for the tests, in debug builds only:
-/// `LOOPGUARD_TEST_SLOW_HANDLER_MS` holds up every request but the probes,
-/// as a scrape of many worlds would.
-#[cfg(debug_assertions)]
-mod fault {
-    pub fn slow_handler() {
-        static MS: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-        let ms = MS.get_or_init(|| {
-            std::env::var("LOOPGUARD_TEST_SLOW_HANDLER_MS")
-                .ok()
-                .and_then(|ms| ms.parse().ok())
-        });
-        if let Some(ms) = *ms {
-            std::thread::sleep(std::time::Duration::from_millis(ms));
-        }
-    }
 }
 
 /// The connections served now, oldest first. Past [`MAX_CONNECTIONS`] a new

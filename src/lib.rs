@@ -26,7 +26,8 @@
 //!   reset.
 //! - [`app`]: wiring, start-up and the graceful drain; [`shutdown`]: signals.
 //! - [`config`]: the TOML file and `LOOPGUARD__…` overrides, validated whole.
-//! - [`clock`]: injected time, so rules are tested without sleeping.
+//! - [`clock`]: injected time, so rules are tested without sleeping;
+//!   `fault` (debug builds only): the faults tests inject, by environment.
 #![forbid(unsafe_code)]
 
 /// The allocator of every binary built on this crate — the sidecar, its
@@ -52,6 +53,8 @@ pub mod clock;
 pub mod config;
 pub mod envelope;
 pub mod events;
+#[cfg(debug_assertions)]
+mod fault;
 pub mod ingest;
 pub mod json;
 pub mod judge;

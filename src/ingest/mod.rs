@@ -414,10 +414,10 @@ impl Worker {
         held: bool,
     ) {
         #[cfg(debug_assertions)]
-        fault::panic_on_world(&origin);
+        crate::fault::panic_on_world(&origin);
         #[cfg(debug_assertions)]
         if held {
-            fault::stall_held().await;
+            crate::fault::stall_held().await;
         }
         let replay = self.replay.clone(); // a handle: `publish` borrows self mutably
         match (&delivery, &replay) {
@@ -908,35 +908,4 @@ struct Pending {
     /// Where its outputs' answers end in `Worker::answers` (they start where
     /// the previous message's end).
     answers_end: usize,
-}
-
-/// Fault injection for the tests of what follows a bug or a stall, in debug
-/// builds only: a message to the world named by `LOOPGUARD_TEST_PANIC_WORLD`
-/// panics its worker; `LOOPGUARD_TEST_STALL_HELD_MS` slows held-back ones.
-#[cfg(debug_assertions)]
-mod fault {
-    use crate::subject::Origin;
-
-    pub fn panic_on_world(origin: &Origin) {
-        static WORLD: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-        let world = WORLD.get_or_init(|| std::env::var("LOOPGUARD_TEST_PANIC_WORLD").ok());
-        if let (Some(world), Some(to)) = (world, origin.world()) {
-            assert!(world != to.as_str(), "fault injected for world {world}");
-        }
-    }
-
-    /// Holds up each message held back behind a policy answer for
-    /// `LOOPGUARD_TEST_STALL_HELD_MS`, as a slow publish of the one before
-    /// it would.
-    pub async fn stall_held() {
-        static MS: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-        let ms = MS.get_or_init(|| {
-            std::env::var("LOOPGUARD_TEST_STALL_HELD_MS")
-                .ok()
-                .and_then(|ms| ms.parse().ok())
-        });
-        if let Some(ms) = *ms {
-            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
-        }
-    }
 }
