@@ -138,29 +138,35 @@ pub fn escaped_len(s: &str) -> usize {
 }
 
 /// True when a byte of `bytes` must be escaped in a JSON string: a control
-/// character, `"` or `\`. Eight bytes at a time, as one `u64`.
+/// character, `"` or `\`. Eight bytes at a time, as one `u64`, the last
+/// ones too, padded with spaces (most of loopguard's strings are names and
+/// ids shorter than eight bytes).
 fn needs_escape(bytes: &[u8]) -> bool {
+    let mut words = bytes.chunks_exact(8);
+    for word in &mut words {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(word);
+        if word_needs_escape(u64::from_ne_bytes(w)) {
+            return true;
+        }
+    }
+    let rest = words.remainder();
+    let mut last = [b' '; 8];
+    last[..rest.len()].copy_from_slice(rest);
+    word_needs_escape(u64::from_ne_bytes(last))
+}
+
+/// [`needs_escape`] for the eight bytes of `x`.
+fn word_needs_escape(x: u64) -> bool {
     const ONES: u64 = u64::from_ne_bytes([1; 8]);
     const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
     // Nonzero exactly when some byte of `x` is below `n` (n <= 128): the
     // classic word-at-a-time test (a set bit above the lowest such byte may
     // be a borrow, which only matters to code that asks which byte).
     let below = |x: u64, n: u8| x.wrapping_sub(ONES * u64::from(n)) & !x & HIGH;
-    let mut words = bytes.chunks_exact(8);
-    for word in &mut words {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(word);
-        let x = u64::from_ne_bytes(w);
-        let quote = x ^ (ONES * u64::from(b'"'));
-        let backslash = x ^ (ONES * u64::from(b'\\'));
-        if below(x, 0x20) | below(quote, 1) | below(backslash, 1) != 0 {
-            return true;
-        }
-    }
-    words
-        .remainder()
-        .iter()
-        .any(|&b| b < 0x20 || b == b'"' || b == b'\\')
+    let quote = x ^ (ONES * u64::from(b'"'));
+    let backslash = x ^ (ONES * u64::from(b'\\'));
+    below(x, 0x20) | below(quote, 1) | below(backslash, 1) != 0
 }
 
 #[cfg(test)]
@@ -207,6 +213,23 @@ mod tests {
         assert_eq!(serde_json::to_string(&ours).unwrap(), expected);
         assert!(text.starts_with(r#"{"id":"m1","parent_id":null,"thread_id":"t\"1","depth":4000000000,"zero":0,"mentions":["bob","carol"]"#), "{text}");
         assert_eq!(written(|_| {}), "{}");
+    }
+
+    #[test]
+    fn a_byte_to_escape_is_found_in_every_place_of_a_short_string() {
+        for len in 0..=17 {
+            let plain = "x".repeat(len);
+            assert!(!needs_escape(plain.as_bytes()), "{plain:?}");
+            for at in 0..len {
+                for special in [b'"', b'\\', b'\n', 0, 0x1f] {
+                    let mut bytes = plain.clone().into_bytes();
+                    bytes[at] = special;
+                    assert!(needs_escape(&bytes), "{bytes:?}");
+                }
+            }
+        }
+        // The padding is spaces, and spaces need no escape.
+        assert!(!needs_escape(b"a b "));
     }
 
     #[test]
