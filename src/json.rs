@@ -228,8 +228,11 @@ mod tests {
                 }
             }
         }
-        // The padding is spaces, and spaces need no escape.
-        assert!(!needs_escape(b"a b "));
+        // Near misses need none, in either part of a string: bytes just
+        // past the control characters, '"' and '\\', DEL, UTF-8's high bytes.
+        for clean in ["!#[]^ \u{7f}", "é", "ü€𝄞!", "!#[]^ \u{7f}é€𝄞 !#[]"] {
+            assert!(!needs_escape(clean.as_bytes()), "{clean:?}");
+        }
     }
 
     #[test]
