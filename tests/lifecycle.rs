@@ -652,37 +652,26 @@ async fn until_ready(lg: &Loopguard) {
 /// debug line shows), and the first line says why.
 #[tokio::test]
 async fn a_rust_log_that_is_refused_is_named_and_log_level_applies() {
-    let nats = NatsServer::start();
-    let lg = Loopguard::spawn_env(
-        &nats.url(),
-        "[log]\nlevel = \"debug\"\n",
-        &[("RUST_LOG", "loud=[")],
-    );
-    lg.until_logged("RUST_LOG refused; log.level applies", 1)
-        .await;
-    lg.until_logged(" DEBUG ", 1).await;
-    assert!(lg.logs().contains("loud=["), "{}", lg.logs());
-    // Nor does one that is not UTF-8.
     use std::os::unix::ffi::OsStrExt;
-    let lg = Loopguard::spawn_env(
-        &nats.url(),
-        "[log]\nlevel = \"debug\"\n",
-        &[("RUST_LOG", std::ffi::OsStr::from_bytes(b"loopguard=\xff"))],
-    );
-    lg.until_logged("RUST_LOG refused; log.level applies", 1)
-        .await;
-    lg.until_logged(" DEBUG ", 1).await;
-    assert!(lg.logs().contains("not UTF-8"), "{}", lg.logs());
+    let nats = NatsServer::start();
+    // Refused, with `log.level = "debug"`: the first line says why (`why`),
+    // and a debug line shows.
+    let refused = async |rust_log: &std::ffi::OsStr, why: &str| {
+        let lg = Loopguard::spawn_env(
+            &nats.url(),
+            "[log]\nlevel = \"debug\"\n",
+            &[("RUST_LOG", rust_log)],
+        );
+        lg.until_logged("RUST_LOG refused; log.level applies", 1)
+            .await;
+        lg.until_logged(" DEBUG ", 1).await;
+        assert!(lg.logs().contains(why), "{}", lg.logs());
+    };
+    refused("loud=[".as_ref(), "loud=[").await;
+    // Nor does one that is not UTF-8.
+    refused(std::ffi::OsStr::from_bytes(b"loopguard=\xff"), "not UTF-8").await;
     // Nor one `log.level` would refuse: a bare word that is no level.
-    let lg = Loopguard::spawn_env(
-        &nats.url(),
-        "[log]\nlevel = \"debug\"\n",
-        &[("RUST_LOG", "warning")],
-    );
-    lg.until_logged("RUST_LOG refused; log.level applies", 1)
-        .await;
-    lg.until_logged(" DEBUG ", 1).await;
-    assert!(lg.logs().contains("is not a level"), "{}", lg.logs());
+    refused("warning".as_ref(), "is not a level").await;
     // One with spaces is read as `log.level` is: trimmed.
     let lg = Loopguard::spawn_env(
         &nats.url(),

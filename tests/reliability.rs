@@ -862,10 +862,7 @@ async fn when_the_grace_period_runs_out_the_undecided_messages_are_handed_back()
     // The message that asks, all the worker holds back behind it, and
     // some of its queue.
     const N: usize = loopguard::ingest::MAX_PARKED + 1000;
-    let nats = NatsServer::start_jetstream();
-    let (client, js) = connect(&nats).await;
-    egress_stream(&js).await;
-    let open = held_policy_service(&client).await;
+    let (nats, js, open) = held_policy_server().await;
     // The service answers no one until after the first run: its question
     // outlasts the grace period (its timeout is 10 s).
     let config = held_policy_config(1, 120);
@@ -921,10 +918,7 @@ async fn when_the_grace_period_runs_out_the_undecided_messages_are_handed_back()
 async fn a_chain_of_held_back_messages_stops_where_the_grace_period_runs_out() {
     // Three humans' messages, an agent's that asks, 20 humans' behind it.
     const N: usize = 24;
-    let nats = NatsServer::start_jetstream();
-    let (client, js) = connect(&nats).await;
-    egress_stream(&js).await;
-    let open = held_policy_service(&client).await;
+    let (nats, js, open) = held_policy_server().await;
     let config = held_policy_config(1, 120);
     let mut first = Loopguard::spawn_env(
         &nats.url(),
@@ -932,12 +926,22 @@ async fn a_chain_of_held_back_messages_stops_where_the_grace_period_runs_out() {
         &[("LOOPGUARD_TEST_STALL_HELD_MS", "100")],
     );
     until_ready(&first).await;
+    // The agent's question seen go out: the worker holds it, and what
+    // follows it waits in the worker, not in the intake (which, at the
+    // signal, would hand it back unjudged, leaving nothing to the grace
+    // period).
+    let (observer, _) = connect(&nats).await;
+    let mut asked = within("subscribe", observer.subscribe("policy.check"))
+        .await
+        .unwrap();
+    within("subscribed", observer.flush()).await.unwrap();
     let subject = |i: usize| match i {
         3 => "chat.raw.w0.agent.a1".to_owned(),
         _ => "chat.raw.w0.human.h1".to_owned(),
     };
     publish_each(&js, 0..N, subject).await;
     until_delivered(&js, N).await;
+    within("the agent's question", asked.next()).await;
     first.signal("TERM");
     // The answer comes 0.3 s into the 1 s grace period; the 20 behind it
     // take 2 s to decide, so the old code was done 2.3 s after the signal,
@@ -1065,10 +1069,7 @@ async fn messages_left_undecided_when_the_grace_period_runs_out_come_back_in_ord
 async fn redeliveries_of_another_run_s_messages_are_rejected_past_a_world_s_share() {
     const N: usize = 200;
     const SHARE: usize = loopguard::ingest::MAX_HELD_PER_WORLD;
-    let nats = NatsServer::start_jetstream();
-    let (client, js) = connect(&nats).await;
-    egress_stream(&js).await;
-    let open = held_policy_service(&client).await;
+    let (nats, js, open) = held_policy_server().await;
     // ack_wait 5 s: a message still on its way to the first run at the
     // signal comes back by then, before the second run's question (10 s)
     // times out.
@@ -1198,10 +1199,7 @@ async fn redeliveries_of_messages_held_back_are_never_rejected_for_the_backlog()
 #[tokio::test]
 async fn messages_held_back_longer_than_ack_wait_are_not_delivered_again() {
     const N: usize = 11;
-    let nats = NatsServer::start_jetstream();
-    let (client, js) = connect(&nats).await;
-    egress_stream(&js).await;
-    let open = held_policy_service(&client).await;
+    let (nats, js, open) = held_policy_server().await;
     let lg = Loopguard::spawn(&nats.url(), &held_policy_config(45, 3));
     until_ready(&lg).await;
     // The first asks, the other 10 wait behind it.
@@ -1256,6 +1254,20 @@ fn field(line: &str, key: &str) -> usize {
         .take_while(char::is_ascii_digit)
         .collect();
     digits.parse().expect(key)
+}
+
+/// A JetStream server with the egress stream and a [`held_policy_service`]:
+/// where the tests of messages held behind a policy request start.
+async fn held_policy_server() -> (
+    NatsServer,
+    jetstream::Context,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    let nats = NatsServer::start_jetstream();
+    let (client, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    let open = held_policy_service(&client).await;
+    (nats, js, open)
 }
 
 /// A policy service on `policy.check` (subscribed before it returns): it
@@ -1332,10 +1344,7 @@ struct HeldRun {
 /// to come). Returns once the pull's client holds much of the rest.
 async fn held_past_the_worker_s_queue(grace_seconds: u64) -> HeldRun {
     const TAKEN: usize = loopguard::ingest::MAX_PARKED + loopguard::ingest::WORKER_QUEUE;
-    let nats = NatsServer::start_jetstream();
-    let (client, js) = connect(&nats).await;
-    egress_stream(&js).await;
-    let open = held_policy_service(&client).await;
+    let (nats, js, open) = held_policy_server().await;
     let config = held_policy_config(grace_seconds, 120);
     let lg = Loopguard::spawn(&nats.url(), &config);
     until_ready(&lg).await;
