@@ -393,8 +393,11 @@ printed above: where the two differ, the tables are the newer.
   output costs by itself:
   - **(a2)** publishes exactly those copies from the producers, with no
     relay and no raw hop: the server, producers and consumer fill the
-    machine at it, so no relay publishing loopguard's copies could pass
-    it here.
+    machine at it. It is a rough ceiling for a relay publishing
+    loopguard's copies, not a proven one: its producers build each copy
+    with string formatting in the benchmark's own process (112-114% of a
+    CPU in its failed steps of 2026-11-23 08:54 UTC), and may be what
+    limits it.
   - **(b2)**, `examples/copy_relay.rs`, is a relay like (b) that
     publishes those copies instead of one: no parsing, no state, no rules
     (it reads the workload's arithmetic for what loopguard decides). It
@@ -408,8 +411,8 @@ printed above: where the two differ, the tables are the newer.
   In the run of 2026-11-22 15:06 UTC (the runs of 12:45, 11:21, 10:12
   and 07:56 UTC in brackets), (a2) reached 0.58 [0.54, 0.67, 0.61, 0.44]
   of the bare relay's rate and (b2) 0.51 [0.67, 0.76, 0.51, 0.58]:
-  target 1's (c1)/(b) ≥ 0.9 is out of reach for any relay with this
-  output on this machine, and (c2)/(b) ≥ 0.6 at the edge of the reach or
+  target 1's (c1)/(b) ≥ 0.9 is out of reach for the relays measured here
+  with this output on this machine, and (c2)/(b) ≥ 0.6 at the edge of the reach or
   past it. (c1) reached 0.90 [0.76, 0.80, 1.06, 0.71] of (b2)'s rate and
   0.80 [0.95, 0.90, 0.89, 0.94] of (a2)'s. For CPU, (b2) cost 1.52
   [1.57, 1.12, 2.14, 1.62] times the bare relay in the table (its figures

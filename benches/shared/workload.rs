@@ -4,7 +4,8 @@
 //!
 //! 100,000 worlds, four agents each, a human message after every four agent
 //! messages, agent messages that @mention the next agent, ~200-byte unique
-//! contents, and one agent message in ten repeating the previous one.
+//! contents, and one message in ten (an agent's: one agent message in
+//! eight) repeating the previous one.
 
 use std::time::{Duration, Instant};
 
@@ -55,8 +56,9 @@ pub fn message(seq: u64) -> (String, String, String, bool) {
 }
 
 /// Whether message `seq` repeats its world's previous message (so loopguard
-/// rejects it): one agent message in ten (at turn % 10 == 7, whose previous
-/// turn is an agent's); a world's first message has none to repeat.
+/// rejects it): one message in ten, at turn % 10 == 7, always an agent's
+/// (one agent message in eight) whose previous turn is an agent's too; a
+/// world's first message has none to repeat.
 pub fn is_duplicate(seq: u64) -> bool {
     let (world, k) = (seq % WORLDS, seq / WORLDS);
     (k + world % 10) % 10 == 7 && k > 0
