@@ -77,16 +77,25 @@ pub async fn run(
         let load = Arc::new(load);
         reload_on_sighup(load.clone(), judge.clone(), metrics.clone());
         let every = config.reload.watch_seconds;
-        if let (Some(path), true) = (path, every > 0) {
-            tokio::spawn(reload_on_change(
-                load,
-                path,
-                Duration::from_secs(every),
-                judge.clone(),
-                metrics.clone(),
-            ));
+        match (path, every > 0) {
+            (Some(path), true) => {
+                tokio::spawn(reload_on_change(
+                    load,
+                    path,
+                    Duration::from_secs(every),
+                    judge.clone(),
+                    metrics.clone(),
+                ));
+            }
+            (None, true) => tracing::warn!(
+                watch_seconds = every,
+                "reload.watch_seconds is set, but there is no config file (--config) to watch"
+            ),
+            _ => {}
         }
     }
+
+    warn_if_worlds_can_outweigh(&settings);
 
     // Then HTTP: /healthz answers and /readyz says 503 while NATS is not
     // there yet.
@@ -406,6 +415,22 @@ fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
+/// Warns when one world can hold more than it is weighed at (half of
+/// `state.max_bytes`): then the cache may hold more than `max_bytes`,
+/// about twice the heaviest world's parts ([`crate::state::heaviest_parts`]).
+fn warn_if_worlds_can_outweigh(settings: &Settings) {
+    let heaviest = crate::state::heaviest_parts(settings);
+    let max_bytes = settings.config.state.max_bytes;
+    if heaviest as u64 > max_bytes / 2 {
+        let mib = |b: u64| b >> 20;
+        tracing::warn!(
+            world_mib = mib(heaviest as u64),
+            max_bytes_mib = mib(max_bytes),
+            "one world may hold more than half of state.max_bytes (its agents' last rules.rate.max approval times, and state.context_messages entries): the cache may then hold about twice that, past state.max_bytes; raise state.max_bytes, or lower those"
+        );
+    }
+}
+
 /// Loads the configuration again and applies it; an invalid one is refused
 /// (logged, counted) and the running one stays.
 fn apply_reload(reload: &Reload, judge: &Judge, metrics: &Metrics, trigger: &'static str) {
@@ -413,7 +438,11 @@ fn apply_reload(reload: &Reload, judge: &Judge, metrics: &Metrics, trigger: &'st
     // time, so an older file can never be applied after a newer one.
     static RELOADING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = RELOADING.lock().unwrap_or_else(|p| p.into_inner());
-    match reload().and_then(|settings| judge.reload(settings)) {
+    let applied = reload().and_then(|settings| {
+        warn_if_worlds_can_outweigh(&settings);
+        judge.reload(settings)
+    });
+    match applied {
         Ok(restart) => {
             metrics.reload(true);
             if restart.is_empty() {
@@ -798,13 +827,9 @@ async fn connect(
     let servers = config.nats.servers().unwrap_or_default();
     let auth = config.nats.auth().unwrap_or(NatsAuth::None);
     let options = match auth {
-        NatsAuth::None => match servers.first().and_then(|s| s.username().zip(s.password())) {
-            // async-nats ignores credentials in the URL; honour them here.
-            Some((user, password)) => {
-                options.user_and_password(user.to_string(), password.to_string())
-            }
-            None => options,
-        },
+        // Credentials in the URL, which async-nats ignores, come here as
+        // user/password or token (NatsConfig::auth).
+        NatsAuth::None => options,
         NatsAuth::UserPassword { user, password } => options.user_and_password(user, password),
         NatsAuth::Token(token) => options.token(token),
         NatsAuth::NkeySeed(seed) => options.nkey(seed),

@@ -107,8 +107,9 @@ pub struct NatsConfig {
     /// Messages buffered per subscription before the client drops them as a
     /// slow consumer. Large enough to absorb bursts while workers catch up.
     pub subscription_capacity: usize,
-    /// User and password (both or neither). A `user:password@` in `url` is
-    /// used when these are empty.
+    /// User and password (both or neither). Credentials in `url` (a
+    /// `user:password@`, or a `token@` as the NATS tools read it) are one
+    /// more method, so they may not come with another.
     pub user: String,
     pub password: String,
     /// Token authentication.
@@ -332,17 +333,56 @@ impl NatsConfig {
             keys.push("nats.nkey_seed");
             methods.push(NatsAuth::NkeySeed(self.nkey_seed.clone()));
         }
+        if let Some(method) = self.url_auth()? {
+            keys.push("nats.url");
+            methods.push(method);
+        }
         match methods.len() {
             0 => Ok(NatsAuth::None),
             1 => Ok(methods.remove(0)),
             _ => Err(invalid(
                 keys[1],
                 format!(
-                    "{} are set: set only one of user/password, token, credentials_file and nkey_seed",
+                    "{} are set: set only one of user/password, token, credentials_file, nkey_seed and credentials in the URL",
                     keys.join(", ")
                 ),
             )),
         }
+    }
+
+    /// The credentials written into `url`, which async-nats would ignore:
+    /// `nats://user:password@host` (user and password), or
+    /// `nats://token@host` (a token, as the NATS tools read it), each
+    /// percent-decoded. Every server that carries some must carry the same,
+    /// since one set is presented to whichever server is reached.
+    fn url_auth(&self) -> Result<Option<NatsAuth>, ConfigError> {
+        let decode = |part: &str| {
+            percent_encoding::percent_decode_str(part)
+                .decode_utf8()
+                .map(|s| s.into_owned())
+                .map_err(|_| invalid("nats.url", "its credentials are not UTF-8 once decoded"))
+        };
+        let mut found: Option<NatsAuth> = None;
+        for server in self.servers()? {
+            let Some(user) = server.username() else {
+                continue;
+            };
+            let auth = match server.password() {
+                Some(password) => NatsAuth::UserPassword {
+                    user: decode(user)?,
+                    password: decode(password)?,
+                },
+                None => NatsAuth::Token(decode(user)?),
+            };
+            match &found {
+                Some(other) if *other != auth => return Err(invalid(
+                    "nats.url",
+                    "its servers carry different credentials: one set is presented to every server",
+                )),
+                _ => found = Some(auth),
+            }
+        }
+        Ok(found)
     }
 
     /// Checks the one authentication method as connecting would, so that
@@ -351,6 +391,22 @@ impl NatsConfig {
     /// checked. Their contents are never shown. Separate from
     /// [`NatsConfig::auth`], which reads no file.
     fn validate_auth(&self) -> Result<(), ConfigError> {
+        // The server compares them byte for byte, and a Secret made from a
+        // file often ends in a newline: refused here, not retried for ever
+        // as a failed authentication.
+        for (key, secret) in [
+            ("nats.user", &self.user),
+            ("nats.password", &self.password),
+            ("nats.token", &self.token),
+            ("nats.nkey_seed", &self.nkey_seed),
+        ] {
+            if secret.chars().any(char::is_control) {
+                return Err(invalid(
+                    key,
+                    "may not hold a newline or other control character (a Secret made from a file often ends in one)",
+                ));
+            }
+        }
         match self.auth()? {
             NatsAuth::CredentialsFile(path) => {
                 let contents = std::fs::read_to_string(&path).map_err(|e| {
@@ -1022,6 +1078,11 @@ impl Config {
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Settings, ConfigError> {
         let (overrides, lists) = env_overrides(env)?;
+        // The variable that set each key, for the errors of its value.
+        let set_by: HashMap<String, String> = overrides
+            .iter()
+            .map(|(var, _)| (env_key(var), var.clone()))
+            .collect();
         let mut builder =
             config::Config::builder().add_source(config::Config::try_from(&Config::default())?);
         if let Some(path) = path {
@@ -1063,7 +1124,15 @@ impl Config {
         for (key, items) in lists {
             builder = builder.set_override(key, items)?;
         }
-        let config: Config = builder.build()?.try_deserialize()?;
+        let built = builder.build().map_err(|e| match e {
+            config::ConfigError::FileParse { uri, cause } => ConfigError::Unreadable {
+                path: uri.unwrap_or_default(),
+                message: without_source_lines(&cause.to_string()),
+            },
+            e => e.into(),
+        })?;
+        check_kinds(&built, &set_by)?;
+        let config: Config = built.try_deserialize()?;
         config.validate()
     }
 
@@ -1289,8 +1358,9 @@ fn validate_rules(key: &str, rules: &RulesConfig, prefix: &str) -> Result<(), Co
             ));
         }
     }
-    // Each agent keeps its last `rate.max` approval times: past this
-    // bound, a world's agents alone could outweigh the cache's share for one.
+    // Each agent keeps its last `rate.max` approval times: 256 MiB for a
+    // full roster at this bound, more than a world is weighed at under a
+    // small `state.max_bytes` (start-up warns of that: heaviest_parts).
     if rules.rate.max > MAX_RATE {
         return Err(invalid(
             format!("{key}.rate.max"),
@@ -1458,7 +1528,7 @@ fn env_overrides(
     let known = leaf_keys();
     let (mut kept, mut lists) = (Vec::new(), Vec::new());
     for (var, value) in env {
-        let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
+        if !var.starts_with(ENV_PREFIX) {
             if var.starts_with("LOOPGUARD_") && var.contains("__") {
                 return Err(ConfigError::Env {
                     message: format!(
@@ -1485,8 +1555,8 @@ fn env_overrides(
                 }
             }
             continue;
-        };
-        let key = rest.to_ascii_lowercase().replace("__", ".");
+        }
+        let key = env_key(&var);
         if key == "worlds" || key.starts_with("worlds.") {
             return Err(ConfigError::Env {
                 var,
@@ -1513,15 +1583,108 @@ fn env_overrides(
                     })
                 }
             },
-            Some(Leaf::Value) => kept.push((var, value)),
+            Some(Leaf::Value | Leaf::Integer) => kept.push((var, value)),
         }
     }
     Ok((kept, lists))
 }
 
+/// The dotted key a `LOOPGUARD__…` variable sets.
+fn env_key(var: &str) -> String {
+    let rest = var.strip_prefix(ENV_PREFIX).unwrap_or(var);
+    rest.to_ascii_lowercase().replace("__", ".")
+}
+
+/// A TOML syntax error without the lines of the file it quotes: the line
+/// at fault may hold a secret (an unclosed `password = "…`). What is left
+/// says where and what, on one line.
+fn without_source_lines(error: &str) -> String {
+    let quoted = |line: &str| {
+        let line = line
+            .trim_start()
+            .trim_start_matches(|c: char| c.is_ascii_digit());
+        line.trim_start().starts_with('|')
+    };
+    error
+        .lines()
+        .filter(|line| !line.trim().is_empty() && !quoted(line))
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+/// Whether a value is one of a key's words; if not, why not.
+type WordCheck = fn(&str) -> Result<(), String>;
+
+/// Keys that hold one word of a few, each read as its type reads it.
+const WORDS: [(&str, WordCheck); 5] = [
+    ("mode", word::<Mode>),
+    ("log.format", word::<LogFormat>),
+    ("nats.jetstream.retention", word::<Retention>),
+    ("nats.jetstream.storage", word::<Storage>),
+    ("rules.policy.fail", word::<FailMode>),
+];
+
+/// Whether `value` is one of `T`'s words; if not, serde's message names
+/// them all.
+fn word<T: serde::de::DeserializeOwned>(value: &str) -> Result<(), String> {
+    serde_json::from_value::<T>(serde_json::Value::String(value.into()))
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// Checks what the config crate would read loosely. It takes `true`,
+/// `5.7`, `-3.0` and `"no"` where a whole number is wanted, as 1, 6, an
+/// error and 0, and a rule's limit of 0 turns the rule off: an integer key
+/// must hold a whole number (from a variable, its digits). And a key of a
+/// few words gets an error that names them, not the type's.
+fn check_kinds(
+    built: &config::Config,
+    set_by: &HashMap<String, String>,
+) -> Result<(), ConfigError> {
+    let refuse = |key: &str, message: String| match set_by.get(key) {
+        Some(var) => ConfigError::Env {
+            var: var.clone(),
+            message: format!("`{key}` {message}"),
+        },
+        None => invalid(key, message),
+    };
+    for (key, leaf) in leaf_keys() {
+        if !matches!(leaf, Leaf::Integer) {
+            continue;
+        }
+        let Ok(value) = built.get::<config::Value>(&key) else {
+            continue;
+        };
+        let shown = match value.kind {
+            config::ValueKind::I64(_)
+            | config::ValueKind::I128(_)
+            | config::ValueKind::U64(_)
+            | config::ValueKind::U128(_) => continue,
+            config::ValueKind::String(s) if set_by.contains_key(&key) => {
+                if s.parse::<i128>().is_ok() {
+                    continue;
+                }
+                format!("{s:?}")
+            }
+            config::ValueKind::String(s) => format!("{s:?}"),
+            other => other.to_string(),
+        };
+        return Err(refuse(&key, format!("must be a whole number, not {shown}")));
+    }
+    for (key, check) in WORDS {
+        if let Ok(config::ValueKind::String(s)) = built.get::<config::Value>(key).map(|v| v.kind) {
+            check(&s).map_err(|e| refuse(key, format!("is {s:?}: {e}")))?;
+        }
+    }
+    Ok(())
+}
+
 /// What a config key holds.
 enum Leaf {
     Value,
+    /// A whole number.
+    Integer,
     List,
 }
 
@@ -1542,6 +1705,9 @@ fn leaf_keys() -> BTreeMap<String, Leaf> {
             }
             serde_json::Value::Array(_) => {
                 out.insert(prefix.to_string(), Leaf::List);
+            }
+            serde_json::Value::Number(n) if n.is_u64() || n.is_i64() => {
+                out.insert(prefix.to_string(), Leaf::Integer);
             }
             _ => {
                 out.insert(prefix.to_string(), Leaf::Value);
@@ -1956,6 +2122,109 @@ mod tests {
     fn several_nats_urls_are_accepted() {
         let s = load_toml("[nats]\nurl = \"nats://a:4222, tls://b:4223\"\n", &[]).unwrap();
         assert_eq!(s.config.nats.servers().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn an_integer_key_takes_a_whole_number_and_nothing_read_as_one() {
+        // The config crate read each of these as a number (`true` as 1,
+        // `"no"` as 0, which turns the rule off), and `--check` said OK.
+        for written in ["true", "5.7", "-3.0", "nan", "\"5\"", "1e20"] {
+            let e = error_of(&format!("[rules.turns]\nmax = {written}\n"), &[]);
+            assert!(
+                e.contains("`rules.turns.max`") && e.contains("whole number"),
+                "{written}: {e}"
+            );
+        }
+        for value in ["no", "off", "yes", "5.0", " 5"] {
+            let e = error_of("", &[("LOOPGUARD__RULES__TURNS__MAX", value)]);
+            assert!(
+                e.contains("LOOPGUARD__RULES__TURNS__MAX") && e.contains("whole number"),
+                "{value:?}: {e}"
+            );
+        }
+        let s = load_toml("[rules.turns]\nmax = 5\n", &[]).unwrap();
+        assert_eq!(s.config.rules.turns.max, 5);
+        let s = load_toml("", &[("LOOPGUARD__RULES__TURNS__MAX", "7")]).unwrap();
+        assert_eq!(s.config.rules.turns.max, 7);
+        // Out of the type's range: still the type's own error.
+        assert!(error_of("[rules.turns]\nmax = -3\n", &[]).contains("rules.turns.max"));
+    }
+
+    #[test]
+    fn a_key_of_a_few_words_names_them_when_refused() {
+        let e = error_of("mode = \"Observe\"\n", &[]);
+        assert!(
+            e.contains("`mode`") && e.contains("`enforce`") && e.contains("`observe`"),
+            "{e}"
+        );
+        let e = error_of("", &[("LOOPGUARD__LOG__FORMAT", "JSON")]);
+        assert!(
+            e.contains("LOOPGUARD__LOG__FORMAT") && e.contains("`json`"),
+            "{e}"
+        );
+        // Every key of the table is one, and takes its default.
+        let keys = leaf_keys();
+        let defaults = serde_json::to_value(Config::default()).unwrap();
+        for (key, check) in WORDS {
+            assert!(keys.contains_key(key), "{key}");
+            let default = key.split('.').fold(&defaults, |v, k| &v[k]);
+            check(default.as_str().unwrap()).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_toml_syntax_error_does_not_quote_the_file() {
+        let e = error_of("[nats]\npassword = \"hunter2-secret\n", &[]);
+        assert!(!e.contains("hunter2"), "{e}");
+        assert!(e.contains("line 2") && !e.contains('\n'), "{e}");
+        let e = error_of("[http]\nadmin_token = \"abc\\q123\"\n", &[]);
+        assert!(!e.contains("abc") && e.contains("escape"), "{e}");
+    }
+
+    #[test]
+    fn nats_secrets_may_not_hold_a_newline() {
+        for (key, var) in [
+            ("nats.token", "LOOPGUARD__NATS__TOKEN"),
+            ("nats.password", "LOOPGUARD__NATS__PASSWORD"),
+            ("nats.user", "LOOPGUARD__NATS__USER"),
+        ] {
+            let mut env = vec![(var, "secret\n")];
+            if key != "nats.token" {
+                env.push(("LOOPGUARD__NATS__USER", "u"));
+                env.push(("LOOPGUARD__NATS__PASSWORD", "p"));
+                env.retain(|(v, value)| v != &var || value.ends_with('\n'));
+            }
+            let e = error_of("", &env);
+            assert!(e.contains(key) && !e.contains("secret"), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn credentials_in_the_url_are_a_method_of_their_own() {
+        let auth = |toml: &str| load_toml(toml, &[]).map(|s| s.config.nats.auth().unwrap());
+        // A token, as the NATS tools read `token@`, and both percent-decoded.
+        assert_eq!(
+            auth("[nats]\nurl = \"nats://s3cr%40t@h:4222\"\n").unwrap(),
+            NatsAuth::Token("s3cr@t".into())
+        );
+        assert_eq!(
+            auth("[nats]\nurl = \"nats://lg:p%2Fw@h:4222,nats://lg:p%2Fw@k:4222\"\n").unwrap(),
+            NatsAuth::UserPassword {
+                user: "lg".into(),
+                password: "p/w".into()
+            }
+        );
+        // With another method they were dropped in silence.
+        let e = error_of(
+            "[nats]\nurl = \"nats://lg:pw@h:4222\"\ntoken = \"t\"\n",
+            &[],
+        );
+        assert!(
+            e.contains("nats.url") && e.contains("only one") && !e.contains("pw"),
+            "{e}"
+        );
+        let e = error_of("[nats]\nurl = \"nats://a@h:4222,nats://b@k:4222\"\n", &[]);
+        assert!(e.contains("nats.url") && e.contains("different"), "{e}");
     }
 
     #[test]

@@ -88,7 +88,7 @@ fn main() -> ExitCode {
     let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("loopguard: cannot start the runtime: {e}");
+            fatal("cannot start the runtime", &e);
             return ExitCode::FAILURE;
         }
     };
@@ -132,9 +132,18 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = %e, "loopguard stopped");
-            eprintln!("loopguard: {e}");
+            fatal("loopguard stopped", &e);
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Tells why loopguard ends: a log line in the configured format (JSON
+/// lines stay JSON), and a plain line on standard error only where the log
+/// would not show it (`log.level` above `error`, e.g. `off`).
+fn fatal(what: &str, e: &dyn std::fmt::Display) {
+    tracing::error!(error = %e, "{what}");
+    if !tracing::enabled!(tracing::Level::ERROR) {
+        eprintln!("loopguard: {what}: {e}");
     }
 }

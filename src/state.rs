@@ -49,6 +49,31 @@ pub const MAX_BUDGET_WINDOW: usize = 10_000;
 /// every cap (about 2 MiB weighed each), context entries aside.
 pub const MIN_STATE_BYTES: u64 = 16 << 20;
 
+/// The most a world can hold in the parts that grow with its settings
+/// rather than within a fixed cap: its roster's approval times (each of
+/// [`MAX_AGENTS`] agents keeps its last `rules.rate.max`, in a queue that
+/// grows by doubling) and its context entries (`state.context_messages`,
+/// each counted at twice the largest copy). A world is weighed at half of
+/// `state.max_bytes` at most, so that one world cannot empty the cache:
+/// only through these parts can it hold more than that.
+pub fn heaviest_parts(settings: &Settings) -> usize {
+    let largest_copy = crate::judge::largest_output(settings.config.limits.max_payload_bytes);
+    let context = settings
+        .config
+        .state
+        .context_messages
+        .saturating_mul(largest_copy.saturating_mul(2));
+    let approval_times = std::iter::once(&settings.default_world)
+        .chain(settings.worlds.values())
+        .map(|w| {
+            let kept = (w.rules.rate.max.max(1) as usize).next_power_of_two();
+            MAX_AGENTS * kept * size_of::<Instant>()
+        })
+        .max()
+        .unwrap_or(0);
+    approval_times.saturating_add(context)
+}
+
 /// A per-world map. foldhash (randomly seeded per map) rather than the
 /// standard SipHash: these maps are looked up several times per message, and
 /// each is capped (`MAX_*`), so even a crafted flood of colliding keys could
@@ -1460,7 +1485,9 @@ impl Worlds {
     /// Re-weighing is a write to the cache, so a growing world is weighed a
     /// quarter ahead of what it holds and re-weighed only once it outgrows
     /// that (or shrinks to half): a few times over its life, not at every
-    /// message, and never weighed at less than it holds.
+    /// message, and never weighed at less than it holds, but for a world
+    /// heavier than half of `max_bytes` ([`heaviest_parts`]: weighed at that
+    /// half, so that it does not empty the cache).
     ///
     /// A world evicted since its lookup is put back: its message was
     /// decided, and what it changed would be lost with it. Another thread
@@ -1937,6 +1964,41 @@ mod tests {
         assert!(agents
             .iter()
             .all(|a| w.agent(a).unwrap().approvals.len() == 10));
+    }
+
+    #[test]
+    fn a_full_roster_holds_no_more_approval_times_than_the_heaviest_parts_say() {
+        let (settings, _) = worlds_with(|c| c.rules.rate.max = 100);
+        let t0 = Instant::now();
+        let mut w = WorldState::new(settings.default_world.clone(), Duration::from_secs(60), t0);
+        let agents: Vec<Name> = (0..MAX_AGENTS).map(|i| name(&format!("a{i}"))).collect();
+        for agent in &agents {
+            w.touch_agent(agent, t0);
+            for _ in 0..100 {
+                let l = w.lineage("x", None, None, true);
+                w.record_approved(Approved {
+                    id: &Arc::from("i"),
+                    lineage: &l,
+                    content_hash: 0,
+                    now: t0,
+                    agent: Some((agent, 100)),
+                    takes_turn: false,
+                });
+            }
+        }
+        let held: usize = agents
+            .iter()
+            .map(|a| deque_bytes(&w.agent(a).unwrap().approvals))
+            .sum();
+        let bound = heaviest_parts(&settings);
+        assert!(held <= bound && held > bound / 2, "{held} of {bound}");
+        // With 10,000 kept, a world's roster alone outweighs half of the
+        // least max_bytes: what start-up warns of.
+        let (heavy, _) = worlds_with(|c| {
+            c.rules.rate.max = crate::config::MAX_RATE;
+            c.state.max_bytes = MIN_STATE_BYTES;
+        });
+        assert!(heaviest_parts(&heavy) > MIN_STATE_BYTES as usize / 2);
     }
 
     #[test]

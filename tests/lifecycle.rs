@@ -152,6 +152,36 @@ fn variables_that_are_not_utf8_are_ignored_or_named() {
     );
 }
 
+/// In JSON log mode every line loopguard writes is JSON, that of the
+/// failure that ends it too (it came again as a plain line), and in text
+/// mode the failure is told once.
+#[test]
+fn a_failure_that_ends_loopguard_is_told_once_in_the_log_format() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = taken.local_addr().unwrap().to_string();
+    let ended = |format: &str| {
+        let env = [
+            ("LOOPGUARD__LOG__FORMAT", format),
+            ("LOOPGUARD__HTTP__LISTEN", listen.as_str()),
+            ("LOOPGUARD__NATS__URL", "nats://127.0.0.1:1"),
+        ];
+        let (code, text) = run(&[], &env, None);
+        assert_eq!(code, 1, "{text}");
+        let told: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("cannot listen"))
+            .collect();
+        assert_eq!(told.len(), 1, "{text}");
+        text
+    };
+    let text = ended("json");
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        let parsed = serde_json::from_str::<serde_json::Value>(line);
+        assert!(parsed.is_ok(), "not JSON: {line}");
+    }
+    ended("text");
+}
+
 #[test]
 fn a_missing_config_file_exits_2() {
     let (code, text) = run(&["--config", "/nonexistent/loopguard.toml"], &[], None);
