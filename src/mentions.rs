@@ -3,10 +3,12 @@
 //! A *paragraph-start* mention is `@name` at the start of the content or right
 //! after a newline, after optional spaces or tabs. Several in a row count,
 //! separated by spaces, tabs or commas; the run goes on past tokens that are
-//! not names. A token ends at a space, tab, comma, CR or LF, and may carry one
-//! trailing `:` (`@alice: …`). A token holding anything else — `.`, `*`, `>`,
-//! non-ASCII, a second `@` — is not a name: it is plain text, and so may hold
-//! an inline mention as any text may (`@bob.` is one, as `ask @bob.` is).
+//! not names. A token ends at a space, tab, comma, CR or LF, and may close
+//! with punctuation that ends a phrase: `:`, `.`, `!`, `?`, `;`, as many as
+//! written (`@alice: …`, `@bob. can you…`, `@carol?!`). A token holding
+//! anything else — `'s`, `.x`, `*`, `>`, non-ASCII, a second `@` — is not a
+//! name: it is plain text, and so may hold an inline mention as any text may
+//! (`@bob's` is one, as `ask @bob's` is).
 //!
 //! An *inline* (mid-paragraph) mention is `@name` anywhere else, where the `@`
 //! does not sit inside a word (`a@b.com` is no mention) and the name is the
@@ -38,6 +40,16 @@ pub fn scan(content: &str) -> Scan<'_> {
         inline_mentions(paragraph, run_end..paragraph.len(), &mut out.inline);
     }
     out
+}
+
+/// Punctuation that may close a paragraph-start mention token.
+const CLOSING: [char; 5] = [':', '.', '!', '?', ';'];
+
+/// A paragraph-start token without the punctuation that closes it
+/// (`bob?!` is `bob`): what must be a name for the token to be a mention.
+/// Normalisation (the duplicate rule) reads tokens the same way.
+pub fn without_closing(token: &str) -> &str {
+    token.trim_end_matches(CLOSING)
 }
 
 /// The paragraph-start mentions of `content` alone: what routing reads
@@ -72,9 +84,9 @@ pub fn inline(content: &str) -> Vec<&str> {
 enum RunToken<'a> {
     /// A name: a paragraph-start mention.
     Name(&'a str),
-    /// Not a name (`@bob.`, `@alice's`), so plain text at those bytes of
+    /// Not a name (`@bob.x`, `@alice's`), so plain text at those bytes of
     /// the paragraph, `@` included: read as any text is for inline
-    /// mentions, so `@bob.` is one here as it is mid-paragraph.
+    /// mentions, so `@alice's` is one here as it is mid-paragraph.
     Plain(std::ops::Range<usize>),
 }
 
@@ -89,10 +101,7 @@ fn leading_run<'a>(p: &'a str, mut found: impl FnMut(RunToken<'a>)) -> usize {
         while j < b.len() && !matches!(b[j], b' ' | b'\t' | b',' | b'\r') {
             j += 1;
         }
-        let mut tok = &p[tok_start..j];
-        if let Some(stripped) = tok.strip_suffix(':') {
-            tok = stripped;
-        }
+        let tok = without_closing(&p[tok_start..j]);
         found(if is_name(tok) {
             RunToken::Name(tok)
         } else {
@@ -244,7 +253,7 @@ mod tests {
 
     #[test]
     fn a_token_of_the_run_that_is_no_name_is_read_as_text() {
-        let s = scan("@alice. can you check?");
+        let s = scan("@alice's draft, can you check?");
         assert!(s.leading.is_empty());
         assert_eq!(s.inline, ["alice"]);
         assert_eq!(
@@ -252,7 +261,31 @@ mod tests {
             ["bob", "alice"]
         );
         assert_eq!(leading_of("@ @@x @bob.> @alice's @carol hi"), ["carol"]);
-        assert_eq!(inline_of("@alice:: hi"), ["alice"]);
+    }
+
+    /// `@bob.` is `@name` at the paragraph's start (contract §3): the
+    /// punctuation that ends a phrase closes the mention, however much of
+    /// it there is. Before 2026-11-23 only one `:` did, and `@bob.` was a
+    /// mid-paragraph mention.
+    #[test]
+    fn punctuation_that_ends_a_phrase_closes_a_paragraph_start_mention() {
+        for content in [
+            "@alice. can you check?",
+            "@alice? are you there",
+            "@alice! look",
+            "@alice; then",
+            "@alice:: hi",
+            "@alice?! now",
+            "@alice...",
+        ] {
+            let s = scan(content);
+            assert_eq!((s.leading, s.inline), (vec!["alice"], vec![]), "{content}");
+        }
+        assert_eq!(leading_of("@alice. @bob? both"), ["alice", "bob"]);
+        // Only at the token's end: inside it, the token is no name.
+        for content in ["@alice.x hi", "@alice?x hi", "@alice.> hi", "@.", "@:?"] {
+            assert!(leading_of(content).is_empty(), "{content}");
+        }
     }
 
     #[test]

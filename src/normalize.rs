@@ -165,13 +165,13 @@ fn strip_leading_mentions(p: &str) -> &str {
     s
 }
 
-/// Whether the token after an `@` is a name (with one trailing `:`), as
-/// routing reads mentions. Judged on its lowercase form, which is what
+/// Whether the token after an `@` is a name (with the punctuation that
+/// closes it, `:`, `.`, `!`, `?`, `;`), as routing reads mentions. Judged on its lowercase form, which is what
 /// normalising keeps: a token that lowercases to a name (the Kelvin sign's
 /// `K` becomes `k`) is removed the first time, not only when normalised
 /// again.
 fn is_mention(token: &str) -> bool {
-    let token = token.strip_suffix(':').unwrap_or(token);
+    let token = crate::mentions::without_closing(token);
     let mut len = 0;
     for c in token.chars().flat_map(char::to_lowercase) {
         if !c.is_ascii() || !crate::names::is_name_byte(c as u8) {
@@ -288,6 +288,13 @@ mod tests {
         assert_eq!(normalize("  @Alice, @carol sounds good"), "sounds good");
         assert_eq!(normalize("first\n@bob second"), "first second");
         assert_eq!(normalize("@bob: ok"), "ok");
+        // Closed with any punctuation that ends a phrase, as routing reads
+        // it: the same words to another agent are the same message.
+        assert_eq!(normalize("@bob. can you check?"), "can you check?");
+        assert_eq!(
+            normalize("@bob?! same words"),
+            normalize("@carol... same words")
+        );
     }
 
     #[test]

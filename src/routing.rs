@@ -179,14 +179,34 @@ mod tests {
         assert_eq!(r, Route::public());
     }
 
-    /// `@bob.` opens the paragraph but is no name: plain text, where it is
-    /// an inline mention as in `ask @bob.`, not a broadcast to everyone.
+    /// `@bob's` opens the paragraph but is no name: plain text, where it
+    /// is an inline mention as in `ask @bob's`, not a broadcast to
+    /// everyone.
     #[test]
     fn a_human_s_paragraph_opening_with_a_mention_that_is_no_name_goes_public_only() {
         let (w, now) = world();
-        for content in ["@bob. can you check?", "@bob's draft looks right"] {
+        for content in ["@bob's draft looks right", "@bob.x can you check?"] {
             let r = route(SenderKind::Human, &n("hank"), content, &w, now);
             assert_eq!(r, Route::public(), "{content}");
+        }
+    }
+
+    /// `@bob.`, `@bob?`: a paragraph-start mention closed by punctuation,
+    /// private to bob from any sender (public, or public only, before
+    /// 2026-11-23).
+    #[test]
+    fn a_paragraph_start_mention_closed_by_punctuation_goes_to_its_inbox() {
+        let (w, now) = world();
+        for content in ["@bob. can you check?", "@bob? are you there", "@bob! look"] {
+            for (kind, sender) in [
+                (SenderKind::Human, "hank"),
+                (SenderKind::Agent, "alice"),
+                (SenderKind::System, "ops"),
+            ] {
+                let r = route(kind, &n(sender), content, &w, now);
+                assert!(!r.public, "{content} from {sender}");
+                assert_eq!(r.inboxes, [n("bob")], "{content} from {sender}");
+            }
         }
     }
 

@@ -54,6 +54,25 @@ async fn leading_mentions_from_any_sender_go_only_to_the_mentioned_inboxes() {
     }
 }
 
+/// `@bob.` and `@bob?` are `@name` at the paragraph's start: the
+/// punctuation closes the mention (before 2026-11-23 they went public).
+#[tokio::test]
+async fn a_mention_closed_by_punctuation_goes_only_to_its_inbox() {
+    let mut h = Harness::start(LOBBY).await;
+    for (kind, name, content) in [
+        ("agent", "alice", "@bob. can you check?"),
+        ("human", "hank", "@Bob? are you there"),
+    ] {
+        h.send_json("lobby", kind, name, msg(content)).await;
+        let out = h.settle("lobby").await;
+        assert!(out.public("lobby").is_empty(), "{content}: nothing public");
+        let copies = out.private("lobby", "bob");
+        assert_eq!(copies.len(), 1, "{content}");
+        assert_eq!(copies[0].body["mentions"], json!(["bob"]));
+        assert!(out.private("lobby", "carol").is_empty(), "{content}");
+    }
+}
+
 #[tokio::test]
 async fn human_without_mentions_reaches_the_transcript_and_every_other_agent() {
     let mut h = Harness::start(LOBBY).await;
