@@ -438,13 +438,11 @@ fn apply_reload(reload: &Reload, judge: &Judge, metrics: &Metrics, trigger: &'st
     // time, so an older file can never be applied after a newer one.
     static RELOADING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = RELOADING.lock().unwrap_or_else(|p| p.into_inner());
-    let applied = reload().and_then(|settings| {
-        warn_if_worlds_can_outweigh(&settings);
-        judge.reload(settings)
-    });
-    match applied {
+    match reload().and_then(|settings| judge.reload(settings)) {
         Ok(restart) => {
             metrics.reload(true);
+            // As applied: restart-only sections (`state`) keep running values.
+            warn_if_worlds_can_outweigh(&judge.settings());
             if restart.is_empty() {
                 tracing::info!(trigger, "configuration reloaded");
             } else {

@@ -353,36 +353,50 @@ impl NatsConfig {
     /// The credentials written into `url`, which async-nats would ignore:
     /// `nats://user:password@host` (user and password), or
     /// `nats://token@host` (a token, as the NATS tools read it), each
-    /// percent-decoded. Every server that carries some must carry the same,
-    /// since one set is presented to whichever server is reached.
+    /// percent-decoded. One set is presented to whichever server is
+    /// reached, so the servers of a list carry the same or none does.
     fn url_auth(&self) -> Result<Option<NatsAuth>, ConfigError> {
+        let refuse = |why: &str| invalid("nats.url", why);
         let decode = |part: &str| {
-            percent_encoding::percent_decode_str(part)
+            let decoded = percent_encoding::percent_decode_str(part)
                 .decode_utf8()
-                .map(|s| s.into_owned())
-                .map_err(|_| invalid("nats.url", "its credentials are not UTF-8 once decoded"))
+                .map_err(|_| refuse("its credentials are not UTF-8 once decoded"))?;
+            if decoded.chars().any(char::is_control) {
+                return Err(refuse(
+                    "its credentials hold a control character once decoded",
+                ));
+            }
+            Ok(decoded.into_owned())
         };
-        let mut found: Option<NatsAuth> = None;
-        for server in self.servers()? {
-            let Some(user) = server.username() else {
-                continue;
-            };
-            let auth = match server.password() {
-                Some(password) => NatsAuth::UserPassword {
+        let mut each = Vec::new();
+        for (server, written) in self.servers()?.into_iter().zip(self.url_parts()) {
+            // What the address held before its last `@`, past the scheme:
+            // the url crate reads `user:@` as `user@` (a token).
+            let userinfo = written
+                .split_once("://")
+                .map_or(written, |(_, rest)| rest)
+                .rsplit_once('@')
+                .map(|(userinfo, _)| userinfo);
+            each.push(match (server.username(), server.password()) {
+                (Some(user), Some(password)) => Some(NatsAuth::UserPassword {
                     user: decode(user)?,
                     password: decode(password)?,
-                },
-                None => NatsAuth::Token(decode(user)?),
-            };
-            match &found {
-                Some(other) if *other != auth => return Err(invalid(
-                    "nats.url",
-                    "its servers carry different credentials: one set is presented to every server",
-                )),
-                _ => found = Some(auth),
-            }
+                }),
+                (Some(_), None) if userinfo.is_some_and(|u| u.ends_with(':')) => {
+                    return Err(refuse("a user with an empty password: write `user:password@`, or a token alone as `token@`"));
+                }
+                (Some(token), None) => Some(NatsAuth::Token(decode(token)?)),
+                (None, Some(_)) => {
+                    return Err(refuse("a password with no user: write `user:password@`, or a token alone as `token@`"));
+                }
+                (None, None) => None,
+            });
         }
-        Ok(found)
+        let first = each.first().cloned().flatten();
+        if each.iter().any(|auth| *auth != first) {
+            return Err(refuse("its servers carry different credentials, or only some carry any: one set is presented to whichever server is reached, so give every server the same (or set nats.user and nats.password)"));
+        }
+        Ok(first)
     }
 
     /// Checks the one authentication method as connecting would, so that
@@ -527,7 +541,7 @@ impl NatsConfig {
     /// `nats://`, `tls://`, `ws://` or `wss://` (or bare `host:port`).
     pub fn servers(&self) -> Result<Vec<async_nats::ServerAddr>, ConfigError> {
         let mut servers = Vec::new();
-        for part in self.url.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        for part in self.url_parts() {
             let addr = part.parse::<async_nats::ServerAddr>().map_err(|e| {
                 invalid(
                     "nats.url",
@@ -543,6 +557,12 @@ impl NatsConfig {
             return Err(invalid("nats.url", "must name at least one server"));
         }
         Ok(servers)
+    }
+
+    /// The server addresses of `url` as written, one for each of
+    /// [`NatsConfig::servers`].
+    fn url_parts(&self) -> impl Iterator<Item = &str> {
+        self.url.split(',').map(str::trim).filter(|p| !p.is_empty())
     }
 }
 
@@ -2187,9 +2207,10 @@ mod tests {
             ("nats.token", "LOOPGUARD__NATS__TOKEN"),
             ("nats.password", "LOOPGUARD__NATS__PASSWORD"),
             ("nats.user", "LOOPGUARD__NATS__USER"),
+            ("nats.nkey_seed", "LOOPGUARD__NATS__NKEY_SEED"),
         ] {
             let mut env = vec![(var, "secret\n")];
-            if key != "nats.token" {
+            if key == "nats.user" || key == "nats.password" {
                 env.push(("LOOPGUARD__NATS__USER", "u"));
                 env.push(("LOOPGUARD__NATS__PASSWORD", "p"));
                 env.retain(|(v, value)| v != &var || value.ends_with('\n'));
@@ -2223,8 +2244,24 @@ mod tests {
             e.contains("nats.url") && e.contains("only one") && !e.contains("pw"),
             "{e}"
         );
-        let e = error_of("[nats]\nurl = \"nats://a@h:4222,nats://b@k:4222\"\n", &[]);
-        assert!(e.contains("nats.url") && e.contains("different"), "{e}");
+        let url = |url: &str| error_of(&format!("[nats]\nurl = \"{url}\"\n"), &[]);
+        for (written, why) in [
+            ("nats://a@h:4222,nats://b@k:4222", "different"),
+            // Some servers with credentials, some without.
+            ("nats://lg:pw@h:4222,nats://k:4222", "only some"),
+            // An empty password (the url crate reads `lg:@` as `lg@`), no
+            // user, and credentials that decode to a newline.
+            ("nats://lg:@h:4222", "empty password"),
+            ("nats://:pw@h:4222", "no user"),
+            ("nats://lg:pw%0A@h:4222", "control character"),
+            ("nats://tok%0A@h:4222", "control character"),
+        ] {
+            let e = url(written);
+            assert!(
+                e.contains("nats.url") && e.contains(why) && !e.contains("pw"),
+                "{written}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -66,7 +66,8 @@ pub fn heaviest_parts(settings: &Settings) -> usize {
     let approval_times = std::iter::once(&settings.default_world)
         .chain(settings.worlds.values())
         .map(|w| {
-            let kept = (w.rules.rate.max.max(1) as usize).next_power_of_two();
+            // As `footprint` counts a roster too large to read.
+            let kept = (w.rules.rate.max.max(1) as usize + 1).next_power_of_two();
             MAX_AGENTS * kept * size_of::<Instant>()
         })
         .max()
@@ -309,6 +310,9 @@ struct Extras {
     /// Agents that spoke since the last human or system message, in order
     /// (kept while `alternation` is on).
     speakers: VecDeque<Name>,
+    /// Bytes of the long names `speakers` holds: each message's name is
+    /// its own, and one over 23 bytes its own allocation.
+    speaker_bytes: usize,
     /// Times of the world's recent approved agent messages (for `budget`).
     agent_approvals: VecDeque<Instant>,
     /// Recent delivered messages, for agents' clean context (opt-in).
@@ -319,10 +323,18 @@ struct Extras {
     mentioned: Vec<Name>,
 }
 
+impl Extras {
+    fn forget_speakers(&mut self) {
+        self.speakers.clear();
+        self.speaker_bytes = 0;
+    }
+}
+
 /// What a world without [`Extras`] reads.
 static NO_EXTRAS: Extras = Extras {
     word_sets: VecDeque::new(),
     speakers: VecDeque::new(),
+    speaker_bytes: 0,
     agent_approvals: VecDeque::new(),
     context: VecDeque::new(),
     context_bytes: 0,
@@ -418,7 +430,7 @@ impl WorldState {
             // Off keeps no speaker history: turned on again, the rule counts
             // from then, never across turns it did not see.
             if let Some(extras) = &mut self.extras {
-                extras.speakers.clear();
+                extras.forget_speakers();
             }
         }
         self.settings = settings.clone();
@@ -660,7 +672,11 @@ impl WorldState {
                 }
             }
             if approved.takes_turn && self.settings.rules.alternation.max_cycles > 0 {
-                push_window(&mut self.extras_mut().speakers, agent.clone(), MAX_SPEAKERS);
+                let extras = self.extras_mut();
+                extras.speaker_bytes += name_bytes(agent);
+                if let Some(gone) = push_window(&mut extras.speakers, agent.clone(), MAX_SPEAKERS) {
+                    extras.speaker_bytes -= name_bytes(&gone);
+                }
             }
             let budget = self.settings.rules.budget.max as usize;
             if approved.takes_turn && budget > 0 {
@@ -740,7 +756,7 @@ impl WorldState {
         self.turns = 0;
         self.paused = false;
         if let Some(extras) = &mut self.extras {
-            extras.speakers.clear();
+            extras.forget_speakers();
         }
     }
 
@@ -791,6 +807,7 @@ impl WorldState {
                 + deque_bytes(&e.word_sets)
                 + e.word_sets.len() * crate::rules::similar::MAX_WORDS * size_of::<u64>()
                 + deque_bytes(&e.speakers)
+                + e.speaker_bytes
                 + deque_bytes(&e.agent_approvals)
                 + deque_bytes(&e.context)
                 + e.context_bytes
@@ -2031,6 +2048,41 @@ mod tests {
             w.speakers().iter().map(Name::as_str).collect::<Vec<_>>(),
             ["b"]
         );
+    }
+
+    /// A long name is its own allocation in each speaker entry (each
+    /// message's name is parsed anew): counted, where only the entries
+    /// were.
+    #[test]
+    fn long_speaker_names_are_weighed() {
+        let alternating = with_rules(|r| {
+            r.alternation.max_cycles = 2;
+            r.turns.max = 0;
+        });
+        let t0 = Instant::now();
+        let filled = |len: usize| {
+            let mut w = WorldState::new(alternating.clone(), Duration::from_secs(60), t0);
+            for i in 0..MAX_SPEAKERS + 10 {
+                let agent = name(&format!("{}{}", "a".repeat(len - 1), i % 2));
+                let (id, l) = (i.to_string(), w.lineage("x", None, None, true));
+                w.record_approved(Approved {
+                    id: &Arc::from(id.as_str()),
+                    lineage: &l,
+                    content_hash: 0,
+                    now: t0,
+                    agent: Some((&agent, 10)),
+                    takes_turn: true,
+                });
+            }
+            w
+        };
+        let (short, long) = (filled(1), filled(64));
+        assert_eq!(long.speakers().len(), MAX_SPEAKERS);
+        let more = long.footprint() - short.footprint();
+        assert!(more >= MAX_SPEAKERS * 64, "{more}");
+        let mut long = long;
+        long.reset_turns();
+        assert_eq!(long.extras().speaker_bytes, 0);
     }
 
     #[test]
