@@ -1097,7 +1097,8 @@ impl Config {
         path: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Settings, ConfigError> {
-        let (overrides, lists) = env_overrides(env)?;
+        let known = leaf_keys();
+        let (overrides, lists) = env_overrides(env, &known)?;
         // The variable that set each key, for the errors of its value.
         let set_by: HashMap<String, String> = overrides
             .iter()
@@ -1151,7 +1152,7 @@ impl Config {
             },
             e => e.into(),
         })?;
-        check_kinds(&built, &set_by)?;
+        check_kinds(&built, &known, &set_by)?;
         let config: Config = built.try_deserialize()?;
         config.validate()
     }
@@ -1544,8 +1545,8 @@ pub fn environment() -> Result<Vec<(String, String)>, ConfigError> {
 
 fn env_overrides(
     env: impl IntoIterator<Item = (String, String)>,
+    known: &BTreeMap<String, Leaf>,
 ) -> Result<EnvOverrides, ConfigError> {
-    let known = leaf_keys();
     let (mut kept, mut lists) = (Vec::new(), Vec::new());
     for (var, value) in env {
         if !var.starts_with(ENV_PREFIX) {
@@ -1660,6 +1661,7 @@ fn word<T: serde::de::DeserializeOwned>(value: &str) -> Result<(), String> {
 /// few words gets an error that names them, not the type's.
 fn check_kinds(
     built: &config::Config,
+    known: &BTreeMap<String, Leaf>,
     set_by: &HashMap<String, String>,
 ) -> Result<(), ConfigError> {
     let refuse = |key: &str, message: String| match set_by.get(key) {
@@ -1669,11 +1671,11 @@ fn check_kinds(
         },
         None => invalid(key, message),
     };
-    for (key, leaf) in leaf_keys() {
+    for (key, leaf) in known {
         if !matches!(leaf, Leaf::Integer) {
             continue;
         }
-        let Ok(value) = built.get::<config::Value>(&key) else {
+        let Ok(value) = built.get::<config::Value>(key) else {
             continue;
         };
         let shown = match value.kind {
@@ -1681,7 +1683,7 @@ fn check_kinds(
             | config::ValueKind::I128(_)
             | config::ValueKind::U64(_)
             | config::ValueKind::U128(_) => continue,
-            config::ValueKind::String(s) if set_by.contains_key(&key) => {
+            config::ValueKind::String(s) if set_by.contains_key(key) => {
                 if s.parse::<i128>().is_ok() {
                     continue;
                 }
@@ -1690,7 +1692,7 @@ fn check_kinds(
             config::ValueKind::String(s) => format!("{s:?}"),
             other => other.to_string(),
         };
-        return Err(refuse(&key, format!("must be a whole number, not {shown}")));
+        return Err(refuse(key, format!("must be a whole number, not {shown}")));
     }
     for (key, check) in WORDS {
         if let Ok(config::ValueKind::String(s)) = built.get::<config::Value>(key).map(|v| v.kind) {

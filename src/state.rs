@@ -1693,6 +1693,27 @@ mod tests {
         (WorldState::new(settings, Duration::from_secs(60), now), now)
     }
 
+    /// `agent`'s message `id` approved at `now`, keeping `keep` of its
+    /// approval times.
+    fn approve_agent(
+        w: &mut WorldState,
+        agent: &Name,
+        id: &str,
+        keep: usize,
+        takes_turn: bool,
+        now: Instant,
+    ) {
+        let l = w.lineage(id, None, None, true);
+        w.record_approved(Approved {
+            id: &Arc::from(id),
+            lineage: &l,
+            content_hash: 0,
+            now,
+            agent: Some((agent, keep)),
+            takes_turn,
+        });
+    }
+
     /// Settings with no agents listed and the default rules, edited.
     fn with_rules(edit: impl FnOnce(&mut RulesConfig)) -> Arc<WorldSettings> {
         let mut rules = RulesConfig::default();
@@ -1952,15 +1973,7 @@ mod tests {
         for (i, agent) in agents.iter().enumerate() {
             w.touch_agent(agent, t0);
             for j in 0..1000 {
-                let (id, l) = (format!("{i}-{j}"), w.lineage("x", None, None, true));
-                w.record_approved(Approved {
-                    id: &Arc::from(id.as_str()),
-                    lineage: &l,
-                    content_hash: 0,
-                    now: t0,
-                    agent: Some((agent, 1000)),
-                    takes_turn: false,
-                });
+                approve_agent(&mut w, agent, &format!("{i}-{j}"), 1000, false, t0);
             }
         }
         let held = |w: &WorldState| -> usize {
@@ -1992,15 +2005,7 @@ mod tests {
         for agent in &agents {
             w.touch_agent(agent, t0);
             for _ in 0..100 {
-                let l = w.lineage("x", None, None, true);
-                w.record_approved(Approved {
-                    id: &Arc::from("i"),
-                    lineage: &l,
-                    content_hash: 0,
-                    now: t0,
-                    agent: Some((agent, 100)),
-                    takes_turn: false,
-                });
+                approve_agent(&mut w, agent, "i", 100, false, t0);
             }
         }
         let held: usize = agents
@@ -2024,16 +2029,7 @@ mod tests {
         let t0 = Instant::now();
         let mut w = WorldState::new(with_cycles(2), Duration::from_secs(60), t0);
         let speak = |w: &mut WorldState, who: &str, id: &str| {
-            let agent = name(who);
-            let l = w.lineage(id, None, None, true);
-            w.record_approved(Approved {
-                id: &Arc::from(id),
-                lineage: &l,
-                content_hash: 0,
-                now: t0,
-                agent: Some((&agent, 10)),
-                takes_turn: true,
-            });
+            approve_agent(w, &name(who), id, 10, true, t0);
         };
         speak(&mut w, "a", "1");
         speak(&mut w, "b", "2");
@@ -2064,15 +2060,7 @@ mod tests {
             let mut w = WorldState::new(alternating.clone(), Duration::from_secs(60), t0);
             for i in 0..MAX_SPEAKERS + 10 {
                 let agent = name(&format!("{}{}", "a".repeat(len - 1), i % 2));
-                let (id, l) = (i.to_string(), w.lineage("x", None, None, true));
-                w.record_approved(Approved {
-                    id: &Arc::from(id.as_str()),
-                    lineage: &l,
-                    content_hash: 0,
-                    now: t0,
-                    agent: Some((&agent, 10)),
-                    takes_turn: true,
-                });
+                approve_agent(&mut w, &agent, &i.to_string(), 10, true, t0);
             }
             w
         };

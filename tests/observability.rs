@@ -226,19 +226,13 @@ async fn health_readiness_and_unknown_routes() {
 /// timeout: the probe must be answered before any holder times out.
 #[tokio::test]
 async fn connections_holding_every_slot_do_not_keep_the_probes_out() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
     const HOLDERS: usize = 300; // MAX_CONNECTIONS is 256
     let h = Harness::start("").await;
     let addr = h.loopguard.http_addr().await;
     let mut holders = Vec::with_capacity(HOLDERS);
     for _ in 0..HOLDERS {
-        let mut s = tokio::net::TcpStream::connect(&addr)
-            .await
-            .expect("connect");
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHo")
-            .await
-            .expect("write");
-        holders.push(s);
+        holders.push(connected_with(&addr, b"GET /healthz HTTP/1.1\r\nHo").await);
     }
     let answered = tokio::time::timeout(
         std::time::Duration::from_secs(5),
@@ -284,7 +278,6 @@ async fn connections_holding_every_slot_do_not_keep_the_probes_out() {
 #[cfg(debug_assertions)]
 #[tokio::test]
 async fn requests_whose_clients_hang_up_do_not_pile_up_threads() {
-    use tokio::io::AsyncWriteExt;
     const CLIENTS: usize = 200;
     let nats = NatsServer::start();
     let lg = support::Loopguard::spawn_env(
@@ -313,15 +306,11 @@ async fn requests_whose_clients_hang_up_do_not_pile_up_threads() {
     let hang_ups = (0..CLIENTS).map(|_| {
         let addr = addr.clone();
         tokio::spawn(async move {
-            let mut s = tokio::net::TcpStream::connect(&addr)
-                .await
-                .expect("connect");
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-                .await
-                .expect("write");
+            let hung_up = connected_with(&addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
             // Long enough for loopguard to read the request and start on
             // it, far shorter than its answer takes.
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            drop(hung_up);
         })
     });
     for client in futures::future::join_all(hang_ups).await {
@@ -820,4 +809,12 @@ async fn no_context_is_kept_unless_configured() {
             .0,
         403
     );
+}
+
+/// A connection to `addr` that has sent `bytes` (a request, or part of one).
+async fn connected_with(addr: &str, bytes: &[u8]) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(bytes).await.expect("write");
+    s
 }

@@ -286,11 +286,7 @@ async fn a_second_run_finishes_all(
 /// (100 ms), and names an existing stream with a longer one in a warning.
 #[tokio::test]
 async fn raw_messages_that_reuse_a_header_id_are_each_judged() {
-    let nats = NatsServer::start_jetstream();
-    let (_, js) = connect(&nats).await;
-    egress_stream(&js).await;
-    let lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
-    until_ready(&lg).await;
+    let (_nats, js, lg) = jetstream_loopguard().await;
     let mut ingest = within("get stream", js.get_stream("LOOPGUARD_INGEST"))
         .await
         .expect("the ingest stream");
@@ -1258,6 +1254,17 @@ fn field(line: &str, key: &str) -> usize {
 
 /// A JetStream server with the egress stream and a [`held_policy_service`]:
 /// where the tests of messages held behind a policy request start.
+/// A JetStream server with the EGRESS stream, and loopguard on it
+/// (`JS_CONFIG`), ready.
+async fn jetstream_loopguard() -> (NatsServer, jetstream::Context, Loopguard) {
+    let nats = NatsServer::start_jetstream();
+    let (_, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    let lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
+    until_ready(&lg).await;
+    (nats, js, lg)
+}
+
 async fn held_policy_server() -> (
     NatsServer,
     jetstream::Context,
@@ -1449,11 +1456,7 @@ async fn an_ack_wait_no_longer_than_a_drain_is_named_in_a_warning() {
 /// ack wait. Each is now judged like any other.
 #[tokio::test]
 async fn a_status_line_a_publisher_wrote_does_not_stall_its_message() {
-    let nats = NatsServer::start_jetstream();
-    let (_, js) = connect(&nats).await;
-    egress_stream(&js).await;
-    let lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
-    until_ready(&lg).await;
+    let (nats, js, lg) = jetstream_loopguard().await;
     let statuses = [
         "100 Idle Heartbeat",
         "404 No Messages",
