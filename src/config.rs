@@ -1265,8 +1265,10 @@ impl Config {
                     ),
                 ));
             }
-            let rules = merge_rules(&self.rules, &section.rules)
-                .map_err(|e| invalid(format!("{key}.rules"), e))?;
+            let rules = merge_rules(&self.rules, &section.rules).map_err(|(at, e)| match at {
+                Some(at) => invalid(format!("{key}.rules.{at}"), e),
+                None => invalid(format!("{key}.rules"), e),
+            })?;
             validate_rules(&format!("{key}.rules"), &rules, &self.nats.prefix)?;
             if worlds
                 .insert(world, Arc::new(WorldSettings { agents, rules }))
@@ -1485,11 +1487,73 @@ fn validate_prefix(prefix: &str) -> Result<(), ConfigError> {
     }
 }
 
-/// Lays a world's partial `rules` table over the global rules.
-fn merge_rules(global: &RulesConfig, patch: &serde_json::Value) -> Result<RulesConfig, String> {
-    let mut merged = serde_json::to_value(global).map_err(|e| e.to_string())?;
-    merge_json(&mut merged, patch);
-    serde_json::from_value(merged).map_err(|e| e.to_string())
+/// Lays a world's partial `rules` table over the global rules. An error
+/// names the key at fault below `rules` (`depth.max`), when one alone
+/// fails (serde's own message names none: the table is read whole).
+fn merge_rules(
+    global: &RulesConfig,
+    patch: &serde_json::Value,
+) -> Result<RulesConfig, (Option<String>, String)> {
+    let base = serde_json::to_value(global).map_err(|e| (None, e.to_string()))?;
+    let read = |patch: &serde_json::Value| {
+        let mut merged = base.clone();
+        merge_json(&mut merged, patch);
+        serde_json::from_value::<RulesConfig>(merged)
+    };
+    let whole = match read(patch) {
+        Ok(rules) => return Ok(rules),
+        Err(e) => e.to_string(),
+    };
+    // Only on an error: each key the section sets, alone over the global
+    // rules, until one fails.
+    let mut leaves = Vec::new();
+    leaves_of(patch, &mut Vec::new(), &mut leaves);
+    for (path, value) in leaves {
+        let alone = path.iter().rev().fold(value.clone(), |inner, key| {
+            serde_json::Value::Object(serde_json::Map::from_iter([(key.clone(), inner)]))
+        });
+        if let Err(e) = read(&alone) {
+            let message = e.to_string();
+            let message = match value.as_number() {
+                Some(n) if message == "invalid number" => not_held(n),
+                _ => message,
+            };
+            return Err((Some(path.join(".")), message));
+        }
+    }
+    Err((None, whole))
+}
+
+/// Why a number is not one an integer key holds: serde_json, with
+/// `arbitrary_precision`, says only "invalid number".
+fn not_held(n: &serde_json::Number) -> String {
+    if n.as_i64().is_some_and(|n| n < 0) {
+        format!("must be 0 or more, not {n}")
+    } else if n.as_f64().is_some_and(|f| f.fract() != 0.0) {
+        format!("must be a whole number, not {n}")
+    } else {
+        format!("{n} is too large for this key")
+    }
+}
+
+/// A table's values with their paths: tables opened, a list or a single
+/// value each one.
+fn leaves_of<'a>(
+    value: &'a serde_json::Value,
+    at: &mut Vec<String>,
+    out: &mut Vec<(Vec<String>, &'a serde_json::Value)>,
+) {
+    match value {
+        serde_json::Value::Object(map) if !map.is_empty() => {
+            for (key, inner) in map {
+                at.push(key.clone());
+                leaves_of(inner, at, out);
+                at.pop();
+            }
+        }
+        _ if !at.is_empty() => out.push((at.clone(), value)),
+        _ => {}
+    }
 }
 
 fn merge_json(base: &mut serde_json::Value, patch: &serde_json::Value) {
@@ -1512,14 +1576,6 @@ fn merge_json(base: &mut serde_json::Value, patch: &serde_json::Value) {
 /// Single values (variable, value) and lists (key, items).
 type EnvOverrides = (Vec<(String, String)>, Vec<(String, Vec<String>)>);
 
-/// The `LOOPGUARD__…` variables: those of single values, for the `config`
-/// crate's environment source, and those of lists (their key and items),
-/// which take a JSON array of strings. Refuses any variable that names no
-/// key (the `config` crate would otherwise report the key without the
-/// variable, or, for per-world sections, accept what the contract forbids),
-/// and `LOOPGUARD_X__Y` or `LOOPGUARD_X_Y` (a key's name with single
-/// underscores), likely typos of `LOOPGUARD__X__Y` that would otherwise be
-/// ignored.
 /// The process environment as [`Config::load`] reads it: only variables
 /// whose name starts with `LOOPGUARD` (any other may hold anything, bytes
 /// that are not UTF-8 included, and is none of loopguard's business). One of
@@ -1543,6 +1599,14 @@ pub fn environment() -> Result<Vec<(String, String)>, ConfigError> {
     Ok(vars)
 }
 
+/// The `LOOPGUARD__…` variables: those of single values, for the `config`
+/// crate's environment source, and those of lists (their key and items),
+/// which take a JSON array of strings. Refuses any variable that names no
+/// key (the `config` crate would otherwise report the key without the
+/// variable, or, for per-world sections, accept what the contract forbids),
+/// and `LOOPGUARD_X__Y` or `LOOPGUARD_X_Y` (a key's name with single
+/// underscores), likely typos of `LOOPGUARD__X__Y` that would otherwise be
+/// ignored.
 fn env_overrides(
     env: impl IntoIterator<Item = (String, String)>,
     known: &BTreeMap<String, Leaf>,
@@ -1967,6 +2031,57 @@ mod tests {
         assert!(error_of("[nats]\nurll = \"x\"\n", &[]).contains("urll"));
         assert!(error_of("colour = 1\n", &[]).contains("colour"));
         assert!(error_of("[worlds.a]\nrules.turns.maxx = 1\n", &[]).contains("maxx"));
+    }
+
+    /// A world section's rules are read as one table; its errors still name
+    /// the key, not just the section.
+    #[test]
+    fn a_world_sections_errors_name_the_key() {
+        for (toml, key) in [
+            (
+                "[worlds.a.rules.depth]\nmax = \"x\"\n",
+                "worlds.a.rules.depth.max",
+            ),
+            (
+                "[worlds.a.rules.depth]\nmax = -3\n",
+                "worlds.a.rules.depth.max",
+            ),
+            (
+                "[worlds.a.rules.depth]\nmaxx = 3\n",
+                "worlds.a.rules.depth.maxx",
+            ),
+            (
+                "[worlds.a]\nrules.turns.max = 5\nrules.rate.max = 2.5\n",
+                "worlds.a.rules.rate.max",
+            ),
+            ("[worlds.a]\nrules.colour = 1\n", "worlds.a.rules.colour"),
+            (
+                "[worlds.a]\nrules.policy.fail = \"shut\"\n",
+                "worlds.a.rules.policy.fail",
+            ),
+            (
+                "[worlds.a]\nrules.low_content.phrases = \"ok\"\n",
+                "worlds.a.rules.low_content.phrases",
+            ),
+        ] {
+            let e = error_of(toml, &[]);
+            assert!(e.contains(&format!("`{key}`")), "{toml}: {e}");
+        }
+        // Numbers an integer key cannot hold, said plainly.
+        for (value, says) in [
+            ("-3", "must be 0 or more, not -3"),
+            ("2.5", "must be a whole number, not 2.5"),
+            ("5000000000", "5000000000 is too large"),
+        ] {
+            let e = error_of(&format!("[worlds.a.rules.depth]\nmax = {value}\n"), &[]);
+            assert!(e.contains(says), "{e}");
+        }
+        // A valid key beside the bad one is not blamed.
+        let e = error_of(
+            "[worlds.a]\nrules.turns.max = 5\nrules.depth.max = \"x\"\n",
+            &[],
+        );
+        assert!(e.contains("`worlds.a.rules.depth.max`"), "{e}");
     }
 
     #[test]
