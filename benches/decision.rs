@@ -388,9 +388,14 @@ fn mentions(c: &mut Criterion) {
     c.bench_function("mentions::scan (3 paragraphs, 4 leading + 1 inline)", |b| {
         b.iter(|| loopguard::mentions::scan(std::hint::black_box(text)))
     });
-    // What routing reads of an agent's or system sender's content.
-    c.bench_function("mentions::leading (the same text; an agent's path)", |b| {
-        b.iter(|| loopguard::mentions::leading(std::hint::black_box(text)))
+    // What routing reads of an agent's or system sender's content: each
+    // paragraph-start mention handed over in turn, with no list.
+    c.bench_function("mentions::each_leading (the same text; an agent's path)", |b| {
+        b.iter(|| {
+            loopguard::mentions::each_leading(std::hint::black_box(text), |name| {
+                std::hint::black_box(name);
+            })
+        })
     });
     let plain = "no mentions here, just a plain sentence of about eighty characters in total ok";
     c.bench_function("mentions::scan (no mention)", |b| {

@@ -86,7 +86,7 @@ pub fn report(
         .str("reason", &d.reason)
         .u32("depth", d.depth)
         .u32("turn", d.turn)
-        .strs("delivered_to", &d.delivered_to)
+        .joined_strs("delivered_to", d.delivered_to.entries())
         .str("observed_at", d.observed_at.as_str());
     if let Some(rule) = d.would_reject {
         event.str("would_reject", rule.as_str());

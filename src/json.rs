@@ -93,6 +93,32 @@ impl Object {
         self
     }
 
+    /// An array of strings, each written from two parts joined (`private.`
+    /// and a name), without joining them first.
+    pub fn joined_strs<'a>(
+        &mut self,
+        key: &'static str,
+        values: impl IntoIterator<Item = [&'a str; 2]>,
+    ) -> &mut Object {
+        self.key(key);
+        self.buf.push(b'[');
+        for (i, [head, tail]) in values.into_iter().enumerate() {
+            if i > 0 {
+                self.buf.push(b',');
+            }
+            if needs_escape(head.as_bytes()) || needs_escape(tail.as_bytes()) {
+                string(&mut self.buf, &[head, tail].concat());
+            } else {
+                self.buf.push(b'"');
+                self.buf.extend_from_slice(head.as_bytes());
+                self.buf.extend_from_slice(tail.as_bytes());
+                self.buf.push(b'"');
+            }
+        }
+        self.buf.push(b']');
+        self
+    }
+
     /// Any JSON value, written by serde_json, under any key (escaped).
     pub fn value(&mut self, key: &str, value: &Value) -> &mut Object {
         self.comma();
@@ -190,6 +216,8 @@ mod tests {
                 .u32("zero", 0)
                 .strs("mentions", &["bob", "carol"])
                 .strs::<&str>("none", &[])
+                .joined_strs("to", [["public", ""], ["private.", "bob"], ["a\"", "\n"]])
+                .joined_strs("nowhere", [])
                 .value(
                     "extra",
                     &serde_json::json!({"n": 1.50, "list": [true, null]}),
@@ -204,6 +232,8 @@ mod tests {
             "zero": 0,
             "mentions": ["bob", "carol"],
             "none": [],
+            "to": ["public", "private.bob", "a\"\n"],
+            "nowhere": [],
             "extra": {"n": 1.50, "list": [true, null]},
             "an \"ingress\"\nkey": "v",
         }))

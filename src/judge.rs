@@ -64,8 +64,8 @@ pub struct Decision {
     pub would_reject: Option<RuleName>,
     pub depth: u32,
     pub turn: u32,
-    /// `public` and `private.<agent>`, one per copy (the event's field).
-    pub delivered_to: Vec<Cow<'static, str>>,
+    /// Where the copies went (the event's field).
+    pub delivered_to: DeliveredTo,
     pub handoff: Option<Handoff>,
     /// Egress copies, then any notice, then the event: in publish order.
     pub outbound: Vec<Outbound>,
@@ -96,12 +96,29 @@ impl Decision {
             would_reject: None,
             depth: 0,
             turn: 0,
-            delivered_to: Vec::new(),
+            delivered_to: DeliveredTo::default(),
             handoff: None,
             outbound: Vec::new(),
             policy: None,
             observed_at,
         }
+    }
+}
+
+/// Where an approved message's copies went: the event's `delivered_to`,
+/// `public` and then `private.<agent>` for each inbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeliveredTo {
+    pub public: bool,
+    pub inboxes: Vec<Name>,
+}
+
+impl DeliveredTo {
+    /// Each entry as the event writes it, in two parts.
+    pub fn entries(&self) -> impl Iterator<Item = [&str; 2]> {
+        let public = self.public.then_some(["public", ""]);
+        let private = self.inboxes.iter().map(|a| ["private.", a.as_str()]);
+        public.into_iter().chain(private)
     }
 }
 
@@ -142,10 +159,12 @@ struct Effects {
     concludes: bool,
     /// How far back the conversation state looks (two of its windows).
     activity_keep: std::time::Duration,
-    /// Agents the message mentioned (routed to by mention, not broadcast).
-    mentioned: Vec<Name>,
-    /// The entry for the context route, and how many to keep.
-    context: Option<(ContextEntry, usize)>,
+    /// Where the message went: the agents it mentioned (not a broadcast's)
+    /// for the conversation state; its inboxes for the context entry.
+    route: Route,
+    /// For the context route's entry: the sending agent, the egress JSON,
+    /// and how many entries to keep.
+    context: Option<(Option<Name>, Bytes, usize)>,
 }
 
 fn commit(w: &mut WorldState, e: Effects) {
@@ -164,8 +183,13 @@ fn commit(w: &mut WorldState, e: Effects) {
         takes_turn: e.takes_turn,
     });
     w.forget_activity_older_than(e.now, e.activity_keep);
-    w.observe_conversation(e.kind, &e.sender, e.concludes, &e.mentioned, e.now);
-    if let Some((entry, keep)) = e.context {
+    w.observe_conversation(e.kind, &e.sender, e.concludes, e.route.mentions(), e.now);
+    if let Some((agent_sender, body, keep)) = e.context {
+        let entry = ContextEntry {
+            agent_sender,
+            inboxes: e.route.inboxes,
+            body,
+        };
         w.remember_context(entry, keep);
     }
 }
@@ -517,7 +541,7 @@ impl Judge {
                 d.rule = Some(RuleName::Policy);
                 d.reason = reason.into();
                 d.outbound.clear();
-                d.delivered_to.clear();
+                d.delivered_to = DeliveredTo::default();
             }
         }
         {
@@ -653,7 +677,7 @@ impl Judge {
             would_reject: None,
             depth: lineage.depth,
             turn: 0,
-            delivered_to: Vec::new(),
+            delivered_to: DeliveredTo::default(),
             handoff: None,
             outbound: Vec::new(),
             policy: None,
@@ -741,16 +765,9 @@ impl Judge {
             activity_keep: std::time::Duration::from_secs(
                 2 * settings.config.conversation.window_seconds,
             ),
-            // The route is done with: its lists move rather than copy.
-            mentioned: route.mentions,
-            context: (keep > 0).then(|| {
-                let entry = ContextEntry {
-                    agent_sender: is_agent.then(|| sender.clone()),
-                    inboxes: route.inboxes,
-                    body: body.clone(),
-                };
-                (entry, keep)
-            }),
+            // The route is done with: its list moves rather than copies.
+            route,
+            context: (keep > 0).then(|| (is_agent.then(|| sender.clone()), body.clone(), keep)),
         };
         let policy = &limits.policy;
         if is_agent
@@ -804,7 +821,7 @@ impl Judge {
             let key = message_key(world, SenderKind::Agent.as_str(), &d.sender, &d.id)
                 .hyphenated()
                 .encode_lower(&mut key);
-            let notice_id = copy_id(key, "notice");
+            let notice_id = copy_id(key, &["notice"]);
             let content = format!(
                 "@human the agents in {world} reached the limit of {} turns without a human; they are paused until a human or system message arrives",
                 w.settings.rules.turns.max
@@ -854,7 +871,7 @@ impl Judge {
             thread_id: &lineage.thread_id,
             parent_id: lineage.parent_id.as_deref(),
             depth: lineage.depth,
-            mentions: &route.mentions,
+            mentions: route.mentions(),
             visibility: route.visibility.as_str(),
             received_at: d.observed_at.as_str(),
             reason: None,
@@ -868,27 +885,25 @@ impl Judge {
             .encode_lower(&mut key);
         let copies = route.inboxes.len() + usize::from(route.public);
         d.outbound.reserve(copies + 1);
-        d.delivered_to.reserve_exact(copies);
+        d.delivered_to = DeliveredTo {
+            public: route.public,
+            inboxes: route.inboxes.clone(),
+        };
         if route.public {
             d.outbound.push(Outbound {
                 subject: self.subjects.public(world),
-                msg_id: Some(copy_id(key, "public")),
+                msg_id: Some(copy_id(key, &["public"])),
                 payload: body.clone(),
                 delivery: Some(Visibility::Public),
             });
-            d.delivered_to.push(Cow::Borrowed("public"));
         }
         for agent in &route.inboxes {
-            let mut dest = String::with_capacity(8 + agent.as_str().len());
-            dest.push_str("private.");
-            dest.push_str(agent.as_str());
             d.outbound.push(Outbound {
                 subject: self.subjects.private(world, agent),
-                msg_id: Some(copy_id(key, &dest)),
+                msg_id: Some(copy_id(key, &["private.", agent.as_str()])),
                 payload: body.clone(),
                 delivery: Some(Visibility::Private),
             });
-            d.delivered_to.push(Cow::Owned(dest));
         }
         body
     }
@@ -989,13 +1004,16 @@ pub(crate) fn message_key(world: &Name, kind: &str, sender: &str, id: &str) -> u
 }
 
 /// The `Nats-Msg-Id` of one copy: the message key and the destination
-/// (`public`, `private.<agent>`, `notice`), unique per copy and stable.
-/// An event's is the key and its decision (`events::event_id`).
-fn copy_id(key: &str, dest: &str) -> String {
-    let mut id = String::with_capacity(key.len() + 1 + dest.len());
+/// (`public`, `private.<agent>`, `notice`, given in parts), unique per
+/// copy and stable. An event's is the key and its decision
+/// (`events::event_id`).
+fn copy_id(key: &str, dest: &[&str]) -> String {
+    let mut id = String::with_capacity(key.len() + 1 + dest.iter().map(|d| d.len()).sum::<usize>());
     id.push_str(key);
     id.push(':');
-    id.push_str(dest);
+    for part in dest {
+        id.push_str(part);
+    }
     id
 }
 
@@ -1147,7 +1165,7 @@ mod tests {
             let key = message_key(&world, kind.as_str(), sender, &id);
             assert_eq!(key, expected);
             assert_eq!(
-                copy_id(&key.hyphenated().to_string(), "private.bob"),
+                copy_id(&key.hyphenated().to_string(), &["private.bob"]),
                 format!("{}:private.bob", expected.hyphenated())
             );
         }
@@ -1244,7 +1262,7 @@ mod tests {
                 .is_none());
         }
         let d = decide("human", &human, b"hi", None);
-        assert_eq!(d.delivered_to.len(), state::MAX_AGENTS + 1);
+        assert_eq!(d.delivered_to.entries().count(), state::MAX_AGENTS + 1);
         measure(&d);
         assert!(largest_copy > 8 * MAX, "nearly the bound: {largest_copy}");
         assert!(largest_event > 75_000, "nearly the bound: {largest_event}");
@@ -1631,7 +1649,8 @@ mod tests {
             .decide(origin, b"", FallbackId::default())
             .is_none());
         let d = rig.send("agent", "alice", "@zed hi");
-        assert_eq!(d.delivered_to, ["private.zed"]);
+        let to: Vec<String> = d.delivered_to.entries().map(|e| e.concat()).collect();
+        assert_eq!(to, ["private.zed"]);
     }
 
     /// A reset that lands while the policy hook answers stays a reset: the

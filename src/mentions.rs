@@ -52,18 +52,24 @@ pub fn without_closing(token: &str) -> &str {
     token.trim_end_matches(CLOSING)
 }
 
-/// The paragraph-start mentions of `content` alone: what routing reads
-/// first, and all it reads for an agent or system sender.
+/// The paragraph-start mentions of `content` alone, in a list.
 pub fn leading(content: &str) -> Vec<&str> {
     let mut out = Vec::new();
+    each_leading(content, |name| out.push(name));
+    out
+}
+
+/// Hands each paragraph-start mention of `content` to `found`, in order,
+/// with no list: what routing reads first, and all it reads for an agent
+/// or system sender.
+pub fn each_leading<'a>(content: &'a str, mut found: impl FnMut(&'a str)) {
     for paragraph in content.split('\n') {
         leading_run(paragraph, |token| {
             if let RunToken::Name(name) = token {
-                out.push(name);
+                found(name);
             }
         });
     }
-    out
 }
 
 /// The mid-paragraph mentions of `content` alone.

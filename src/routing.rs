@@ -40,9 +40,8 @@ pub struct Route {
     pub public: bool,
     /// Agents that get a copy in their inbox, in mention or roster order.
     pub inboxes: Vec<Name>,
-    /// The `mentions` field: canonical names the message was routed to by
-    /// mention (empty for broadcasts).
-    pub mentions: Vec<Name>,
+    /// The inboxes are the agents mentioned, not a human's broadcast.
+    pub by_mention: bool,
 }
 
 impl Route {
@@ -52,7 +51,17 @@ impl Route {
             visibility: Visibility::Public,
             public: true,
             inboxes: Vec::new(),
-            mentions: Vec::new(),
+            by_mention: false,
+        }
+    }
+
+    /// The `mentions` field: canonical names the message was routed to by
+    /// mention (none for a broadcast).
+    pub fn mentions(&self) -> &[Name] {
+        if self.by_mention {
+            &self.inboxes
+        } else {
+            &[]
         }
     }
 }
@@ -74,10 +83,10 @@ pub fn route(
     // agents) and repeat it, and a search of the list per token was
     // quadratic (9 ms for 64 KiB of mentions, measured).
     let mut taken: Option<HashSet<Name, foldhash::fast::RandomState>> = None;
-    for token in mentions::leading(content) {
+    mentions::each_leading(content, |token| {
         let lower = mentions::lowercase(token, &mut buf);
         if lower == sender.as_str() {
-            continue;
+            return;
         }
         if let Some((name, _)) = world.roster_get(lower, now) {
             let new = if mentioned.len() < SHORT_LIST {
@@ -91,13 +100,13 @@ pub fn route(
                 mentioned.push(name.clone());
             }
         }
-    }
+    });
     if !mentioned.is_empty() {
         return Route {
             visibility: Visibility::Private,
             public: false,
-            inboxes: mentioned.clone(),
-            mentions: mentioned,
+            inboxes: mentioned,
+            by_mention: true,
         };
     }
     if kind != SenderKind::Human {
@@ -121,7 +130,7 @@ pub fn route(
         visibility: Visibility::Public,
         public: true,
         inboxes,
-        mentions: Vec::new(),
+        by_mention: false,
     }
 }
 
@@ -153,7 +162,7 @@ mod tests {
             assert_eq!(r.visibility, Visibility::Private);
             assert!(!r.public);
             assert_eq!(r.inboxes, [n("bob"), n("carol")]);
-            assert_eq!(r.mentions, r.inboxes);
+            assert_eq!(r.mentions(), r.inboxes);
         }
     }
 
@@ -163,7 +172,7 @@ mod tests {
         let r = route(SenderKind::Human, &n("alice"), "hello all", &w, now);
         assert_eq!((r.visibility, r.public), (Visibility::Public, true));
         assert_eq!(r.inboxes, [n("bob"), n("carol")], "the sender is left out");
-        assert!(r.mentions.is_empty());
+        assert!(r.mentions().is_empty());
     }
 
     #[test]
@@ -283,6 +292,6 @@ mod tests {
         let r = route(SenderKind::Human, &n("hank"), &content, &w, now);
         let expected: Vec<Name> = agents.iter().rev().cloned().collect();
         assert_eq!(r.inboxes, expected);
-        assert_eq!(r.mentions, expected);
+        assert_eq!(r.mentions(), expected);
     }
 }
