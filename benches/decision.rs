@@ -390,13 +390,16 @@ fn mentions(c: &mut Criterion) {
     });
     // What routing reads of an agent's or system sender's content: each
     // paragraph-start mention handed over in turn, with no list.
-    c.bench_function("mentions::each_leading (the same text; an agent's path)", |b| {
-        b.iter(|| {
-            loopguard::mentions::each_leading(std::hint::black_box(text), |name| {
-                std::hint::black_box(name);
+    c.bench_function(
+        "mentions::each_leading (the same text; an agent's path)",
+        |b| {
+            b.iter(|| {
+                loopguard::mentions::each_leading(std::hint::black_box(text), |name| {
+                    std::hint::black_box(name);
+                })
             })
-        })
-    });
+        },
+    );
     let plain = "no mentions here, just a plain sentence of about eighty characters in total ok";
     c.bench_function("mentions::scan (no mention)", |b| {
         b.iter(|| loopguard::mentions::scan(std::hint::black_box(plain)))
