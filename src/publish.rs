@@ -361,14 +361,35 @@ pub enum Answer {
 /// refused the copy (full, or its own error): settled, but not stored, and
 /// retrying could loop for as long as the stream refuses. False when no
 /// stream answered: timed out, the connection went, or "no responders" (the
-/// stream that captured the subject at start-up is not there now).
+/// stream that captured the subject at start-up is not there now); and when
+/// a clustered stream answered that it cannot store anything just now
+/// ([`unavailable`]).
 fn refused(e: &StoreError) -> bool {
-    !matches!(
+    let unanswered = matches!(
         e.kind(),
         PublishErrorKind::StreamNotFound
             | PublishErrorKind::TimedOut
             | PublishErrorKind::BrokenPipe
-    )
+    );
+    !unanswered && !unavailable(e)
+}
+
+/// A clustered stream's answer while it has no leader or no quorum (a NATS
+/// server restarting in a rolling upgrade, an election): "JetStream system
+/// temporarily unavailable" (10008), "cluster can not handle request"
+/// (10009), or, from servers that give no code, a 503 without one (a
+/// replication proposal that failed). Settling on it would lose the copy
+/// for a pause of the cluster: the input is redelivered instead. A full
+/// stream (503 with 10077, "maximum messages exceeded") is a refusal.
+fn unavailable(e: &StoreError) -> bool {
+    use async_nats::jetstream::{Error as ApiError, ErrorCode};
+    let Some(api) = std::error::Error::source(e).and_then(|s| s.downcast_ref::<ApiError>()) else {
+        return false;
+    };
+    matches!(
+        api.error_code(),
+        ErrorCode::CLUSTER_NOT_AVAILABLE | ErrorCode::CLUSTER_NOT_LEADER
+    ) || (api.code() == 503 && api.error_code() == ErrorCode(0))
 }
 
 /// The client does not check subjects (see `skip_subject_validation` in
@@ -394,6 +415,32 @@ mod tests {
         // The stream answered with an error: sending again would not help.
         assert!(refused(PublishErrorKind::Other));
         assert!(refused(PublishErrorKind::WrongLastSequence));
+    }
+
+    /// The stream's own answers, as nats-server words them.
+    #[test]
+    fn a_clustered_stream_without_a_leader_leaves_the_input_for_redelivery() {
+        let answered = |json: &str| {
+            let api: async_nats::jetstream::Error = serde_json::from_str(json).unwrap();
+            refused(&StoreError::with_source(PublishErrorKind::Other, api))
+        };
+        // No leader or no quorum: the copy waits for the cluster.
+        assert!(!answered(
+            r#"{"code":503,"err_code":10008,"description":"JetStream system temporarily unavailable"}"#
+        ));
+        assert!(!answered(
+            r#"{"code":500,"err_code":10009,"description":"JetStream cluster can not handle request"}"#
+        ));
+        assert!(!answered(
+            r#"{"code":503,"description":"raft: proposal failed"}"#
+        ));
+        // A full stream, a copy too large for it: refusals.
+        assert!(answered(
+            r#"{"code":503,"err_code":10077,"description":"maximum messages exceeded"}"#
+        ));
+        assert!(answered(
+            r#"{"code":400,"err_code":10054,"description":"message size exceeds maximum allowed"}"#
+        ));
     }
 
     #[test]
