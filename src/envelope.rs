@@ -8,12 +8,16 @@ use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-/// One parsed ingress message.
+/// One parsed ingress message. Its content is borrowed from the payload
+/// when the payload holds it as written (plain text, or a JSON string
+/// without escapes): a copy of each message's content was one of the
+/// larger allocations of a decision.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Envelope {
-    pub content: String,
+pub struct Envelope<'a> {
+    pub content: Cow<'a, str>,
     /// From the JSON, else the `Nats-Msg-Id` header, else none (the judge
     /// generates one).
     pub id: Option<String>,
@@ -86,11 +90,11 @@ impl From<EnvelopeError> for Unreadable {
 /// Parses `payload`, taking `fallback` as the id when the JSON has none.
 /// Over `max_bytes`: the payload, or the payload and a header id that
 /// becomes the id (checked last: a payload that is also invalid is that).
-pub fn parse(
-    payload: &[u8],
+pub fn parse<'a>(
+    payload: &'a [u8],
     fallback: FallbackId<'_>,
     max_bytes: usize,
-) -> Result<Envelope, Unreadable> {
+) -> Result<Envelope<'a>, Unreadable> {
     if payload.len() > max_bytes {
         return Err(EnvelopeError::TooLarge {
             size: payload.len(),
@@ -129,7 +133,7 @@ pub fn parse(
     else {
         return Ok(Envelope {
             id: fallback_id()?,
-            content: text.to_owned(),
+            content: Cow::Borrowed(text),
             thread_id: None,
             parent_id: None,
             fields: Map::new(),
@@ -137,12 +141,12 @@ pub fn parse(
     };
 
     let id = id_field(id, "id");
-    let content = match content {
-        Some(Value::String(c)) => c,
+    let content = match content.and_then(string_in) {
+        Some(c) => c,
         // `content` absent, null or not a string: fall back to `text`, kept
         // in the fields as written.
-        _ => match fields.get("text") {
-            Some(Value::String(t)) => t.clone(),
+        None => match fields.get("text") {
+            Some(Value::String(t)) => Cow::Owned(t.clone()),
             _ => {
                 return Err(Unreadable {
                     why: EnvelopeError::NoContent,
@@ -171,6 +175,18 @@ pub fn parse(
     })
 }
 
+/// The string a JSON value holds, borrowed when it has no escapes; none
+/// when it is no string.
+fn string_in(raw: &RawValue) -> Option<Cow<'_, str>> {
+    let raw = raw.get();
+    let inner = raw.strip_prefix('"')?.strip_suffix('"')?;
+    if inner.contains('\\') {
+        serde_json::from_str::<String>(raw).ok().map(Cow::Owned)
+    } else {
+        Some(Cow::Borrowed(inner))
+    }
+}
+
 /// One of the ids (`id`, `thread_id`, `parent_id`): a string, absent (null
 /// or empty), or an error. An empty id names no message: kept, every
 /// message of a sender that sends "" would share one id, and so their
@@ -191,30 +207,34 @@ fn string(value: Option<Value>, key: &'static str) -> Result<Option<String>, Env
 /// An ingress JSON object read in one pass: the fields loopguard sets taken
 /// apart as they come (a repeated key: the last one counts, as in a map),
 /// every other field kept in `fields`. Keys are borrowed from the payload
-/// unless escaped, so the common message allocates no key and no map.
+/// unless escaped, so the common message allocates no key and no map; so
+/// is the content, read as written and taken apart later.
 #[derive(Default)]
-struct Object {
-    content: Option<Value>,
+struct Object<'de> {
+    content: Option<&'de RawValue>,
     id: Option<Value>,
     thread_id: Option<Value>,
     parent_id: Option<Value>,
     fields: Map<String, Value>,
 }
 
-impl<'de> Deserialize<'de> for Object {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Object, D::Error> {
+impl<'de> Deserialize<'de> for Object<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Object<'de>, D::Error> {
         struct Fields;
         impl<'de> Visitor<'de> for Fields {
-            type Value = Object;
+            type Value = Object<'de>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a JSON object")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Object, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Object<'de>, A::Error> {
                 let mut o = Object::default();
                 while let Some(Key(key)) = map.next_key()? {
+                    if key == "content" {
+                        o.content = Some(map.next_value()?);
+                        continue;
+                    }
                     let value: Value = map.next_value()?;
                     let slot = match &*key {
-                        "content" => &mut o.content,
                         "id" => &mut o.id,
                         "thread_id" => &mut o.thread_id,
                         "parent_id" => &mut o.parent_id,
@@ -261,16 +281,16 @@ impl<'de> Deserialize<'de> for Key<'de> {
 mod tests {
     use super::*;
 
-    fn ok(payload: &str) -> Envelope {
+    fn ok(payload: &str) -> Envelope<'_> {
         parse(payload.as_bytes(), FallbackId::default(), 1024).unwrap()
     }
 
     /// [`parse`], with why a payload is refused.
-    fn read(
-        payload: &[u8],
+    fn read<'a>(
+        payload: &'a [u8],
         fallback: FallbackId<'_>,
         max: usize,
-    ) -> Result<Envelope, EnvelopeError> {
+    ) -> Result<Envelope<'a>, EnvelopeError> {
         parse(payload, fallback, max).map_err(|e| e.why)
     }
 
@@ -283,6 +303,23 @@ mod tests {
         assert_eq!(e.parent_id, None);
         assert_eq!(e.fields.get("lang"), Some(&Value::from("en")));
         assert!(!e.fields.contains_key("content"));
+    }
+
+    /// The content is the payload's own bytes unless escapes must be
+    /// undone: no copy of it for the common message.
+    #[test]
+    fn content_written_plainly_is_borrowed_from_the_payload() {
+        assert!(matches!(
+            ok(r#"{"content":"hi @bob"}"#).content,
+            Cow::Borrowed("hi @bob")
+        ));
+        assert!(matches!(
+            ok("plain text").content,
+            Cow::Borrowed("plain text")
+        ));
+        let escaped = ok(r#"{"content":"line\nnext \u00e9"}"#);
+        assert!(matches!(escaped.content, Cow::Owned(_)));
+        assert_eq!(escaped.content, "line\nnext é");
     }
 
     #[test]
@@ -377,7 +414,7 @@ mod tests {
     }
 
     /// The envelope as parsed before `Object`: through a whole map.
-    fn parse_via_map(payload: &str) -> Result<Envelope, EnvelopeError> {
+    fn parse_via_map(payload: &str) -> Result<Envelope<'_>, EnvelopeError> {
         fn take(
             fields: &mut Map<String, Value>,
             key: &'static str,
@@ -388,9 +425,9 @@ mod tests {
             return read(payload.as_bytes(), FallbackId::default(), usize::MAX);
         };
         let content = match take(&mut fields, "content") {
-            Ok(Some(c)) => c,
+            Ok(Some(c)) => Cow::Owned(c),
             _ => match fields.get("text") {
-                Some(Value::String(t)) => t.clone(),
+                Some(Value::String(t)) => Cow::Owned(t.clone()),
                 _ => return Err(EnvelopeError::NoContent),
             },
         };

@@ -694,7 +694,7 @@ impl Judge {
             routing::route(kind, &sender, &env.content, &w, now)
         } else if pass::is_pass(&env.content) {
             w.reset_turns();
-            env.content = pass::handback_content(&sender);
+            env.content = pass::handback_content(&sender).into();
             d.outcome = Outcome::Edited;
             d.rule = Some(RuleName::Pass);
             d.handoff = Some(Handoff::Pass);
@@ -857,7 +857,7 @@ impl Judge {
         d: &mut Decision,
         world: &Name,
         kind: SenderKind,
-        env: &envelope::Envelope,
+        env: &envelope::Envelope<'_>,
         lineage: &Lineage,
         route: &Route,
     ) -> Bytes {
