@@ -1494,9 +1494,8 @@ fn merge_rules(
     global: &RulesConfig,
     patch: &serde_json::Value,
 ) -> Result<RulesConfig, (Option<String>, String)> {
-    let base = serde_json::to_value(global).map_err(|e| (None, e.to_string()))?;
     let read = |patch: &serde_json::Value| {
-        let mut merged = base.clone();
+        let mut merged = serde_json::to_value(global)?;
         merge_json(&mut merged, patch);
         serde_json::from_value::<RulesConfig>(merged)
     };
@@ -1527,10 +1526,12 @@ fn merge_rules(
 /// Why a number is not one an integer key holds: serde_json, with
 /// `arbitrary_precision`, says only "invalid number".
 fn not_held(n: &serde_json::Number) -> String {
-    if n.as_i64().is_some_and(|n| n < 0) {
-        format!("must be 0 or more, not {n}")
-    } else if n.as_f64().is_some_and(|f| f.fract() != 0.0) {
+    // As written (`arbitrary_precision`): `5.0` stays `5.0`.
+    let n = n.to_string();
+    if n.contains(['.', 'e', 'E']) {
         format!("must be a whole number, not {n}")
+    } else if n.starts_with('-') {
+        format!("must be 0 or more, not {n}")
     } else {
         format!("{n} is too large for this key")
     }
@@ -2071,6 +2072,8 @@ mod tests {
         for (value, says) in [
             ("-3", "must be 0 or more, not -3"),
             ("2.5", "must be a whole number, not 2.5"),
+            ("5.0", "must be a whole number, not 5.0"),
+            ("-3.0", "must be a whole number, not -3.0"),
             ("5000000000", "5000000000 is too large"),
         ] {
             let e = error_of(&format!("[worlds.a.rules.depth]\nmax = {value}\n"), &[]);

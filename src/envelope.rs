@@ -141,7 +141,7 @@ pub fn parse<'a>(
     };
 
     let id = id_field(id, "id");
-    let content = match content.and_then(string_in) {
+    let content = match content.flatten() {
         Some(c) => c,
         // `content` absent, null or not a string: fall back to `text`, kept
         // in the fields as written.
@@ -175,15 +175,20 @@ pub fn parse<'a>(
     })
 }
 
-/// The string a JSON value holds, borrowed when it has no escapes; none
-/// when it is no string.
-fn string_in(raw: &RawValue) -> Option<Cow<'_, str>> {
-    let raw = raw.get();
-    let inner = raw.strip_prefix('"')?.strip_suffix('"')?;
-    if inner.contains('\\') {
-        serde_json::from_str::<String>(raw).ok().map(Cow::Owned)
-    } else {
-        Some(Cow::Borrowed(inner))
+/// The string a `content` value holds, borrowed from the payload when it
+/// has no escapes; none when the value is no string. The value is read in
+/// full here, as serde_json reads any other value: skipping it over (as a
+/// `RawValue` is read) lets through what makes the payload no JSON, a lone
+/// surrogate escape (`"\ud83d"`, an emoji cut in half) or nesting past
+/// serde_json's depth limit, and such a payload is taken whole as text.
+fn content_in(raw: &RawValue) -> Result<Option<Cow<'_, str>>, serde_json::Error> {
+    let text = raw.get();
+    match text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+        // Without escapes, the bytes are the string (the skip refused
+        // control characters, and the payload is UTF-8).
+        Some(inner) if !inner.contains('\\') => Ok(Some(Cow::Borrowed(inner))),
+        Some(_) => serde_json::from_str::<String>(text).map(|s| Some(Cow::Owned(s))),
+        None => serde_json::from_str::<Value>(text).map(|_| None),
     }
 }
 
@@ -211,7 +216,8 @@ fn string(value: Option<Value>, key: &'static str) -> Result<Option<String>, Env
 /// is the content, read as written and taken apart later.
 #[derive(Default)]
 struct Object<'de> {
-    content: Option<&'de RawValue>,
+    /// `Some(None)`: there, but not a string.
+    content: Option<Option<Cow<'de, str>>>,
     id: Option<Value>,
     thread_id: Option<Value>,
     parent_id: Option<Value>,
@@ -230,7 +236,8 @@ impl<'de> Deserialize<'de> for Object<'de> {
                 let mut o = Object::default();
                 while let Some(Key(key)) = map.next_key()? {
                     if key == "content" {
-                        o.content = Some(map.next_value()?);
+                        let raw: &'de RawValue = map.next_value()?;
+                        o.content = Some(content_in(raw).map_err(serde::de::Error::custom)?);
                         continue;
                     }
                     let value: Value = map.next_value()?;
@@ -320,6 +327,25 @@ mod tests {
         let escaped = ok(r#"{"content":"line\nnext \u00e9"}"#);
         assert!(matches!(escaped.content, Cow::Owned(_)));
         assert_eq!(escaped.content, "line\nnext é");
+    }
+
+    /// What serde_json would not read as JSON is taken whole as text, even
+    /// where the content is read apart: a lone surrogate escape, nesting
+    /// past the depth limit.
+    #[test]
+    fn content_that_is_no_json_makes_the_payload_text() {
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        for raw in [
+            r#"{"content":"\ud83d"}"#.to_string(),
+            r#"{"content":"\ud800","content":"ok"}"#.to_string(),
+            r#"{"content":"x\ud800y","text":"t"}"#.to_string(),
+            format!(r#"{{"content":{deep},"text":"t"}}"#),
+        ] {
+            assert_eq!(ok(&raw).content, raw);
+        }
+        // A whole pair, and content that is no string, are read as before.
+        assert_eq!(ok(r#"{"content":"\ud83d\ude00"}"#).content, "\u{1f600}");
+        assert_eq!(ok(r#"{"content":[["x"]],"text":"t"}"#).content, "t");
     }
 
     #[test]
@@ -469,6 +495,7 @@ mod tests {
                     ]),
                     proptest::sample::select(vec![
                         "\"s\"", "\"\"", "null", "1.50", "[true]", "{\"k\":\"v\"}", "\"\\n\"",
+                        "\"\\ud83d\"", "\"\\ud83d\\ude00\"", "[\"\\ud800\"]",
                     ]),
                 ),
                 0..6,

@@ -221,8 +221,9 @@ impl Publisher {
     /// publish error: by the stream, here, or by the server's permissions,
     /// when their error comes, which ends the wait: no answer follows it),
     /// false when no stream answered (timed out, the connection went, or
-    /// "no responders": the stream is not there now), so the input must be
-    /// redelivered.
+    /// "no responders": the stream is not there now) or a clustered stream
+    /// answered that it cannot store anything just now, so the input must
+    /// be redelivered.
     pub async fn settled(&self, answer: Answer) -> bool {
         let Answer::Awaited {
             answer,
@@ -258,7 +259,12 @@ impl Publisher {
                 tracing::debug!(subject, refused, "{NO_ANSWER}");
                 refused
             }
-            Err(_) => false,
+            Err(e) => {
+                if unavailable(&e) {
+                    tracing::debug!(subject, error = %e, "a clustered stream cannot store just now");
+                }
+                false
+            }
         }
     }
 
@@ -377,10 +383,11 @@ fn refused(e: &StoreError) -> bool {
 /// A clustered stream's answer while it has no leader or no quorum (a NATS
 /// server restarting in a rolling upgrade, an election): "JetStream system
 /// temporarily unavailable" (10008), "cluster can not handle request"
-/// (10009), or, from servers that give no code, a 503 without one (a
-/// replication proposal that failed). Settling on it would lose the copy
-/// for a pause of the cluster: the input is redelivered instead. A full
-/// stream (503 with 10077, "maximum messages exceeded") is a refusal.
+/// (10009), or a 503 without a code whose description is the replication
+/// layer's (`raft: …`: a proposal that failed). Settling on it would lose
+/// the copy for a pause of the cluster: the input is redelivered instead. A
+/// full stream (503 with 10077, "maximum messages exceeded"; servers before
+/// error codes gave it no code) is a refusal.
 fn unavailable(e: &StoreError) -> bool {
     use async_nats::jetstream::{Error as ApiError, ErrorCode};
     let Some(api) = std::error::Error::source(e).and_then(|s| s.downcast_ref::<ApiError>()) else {
@@ -389,7 +396,9 @@ fn unavailable(e: &StoreError) -> bool {
     matches!(
         api.error_code(),
         ErrorCode::CLUSTER_NOT_AVAILABLE | ErrorCode::CLUSTER_NOT_LEADER
-    ) || (api.code() == 503 && api.error_code() == ErrorCode(0))
+    ) || (api.code() == 503
+        && api.error_code() == ErrorCode(0)
+        && api.to_string().starts_with("raft:"))
 }
 
 /// The client does not check subjects (see `skip_subject_validation` in
@@ -432,9 +441,13 @@ mod tests {
             r#"{"code":500,"err_code":10009,"description":"JetStream cluster can not handle request"}"#
         ));
         assert!(!answered(
-            r#"{"code":503,"description":"raft: proposal failed"}"#
+            r#"{"code":503,"description":"raft: not leader"}"#
         ));
-        // A full stream, a copy too large for it: refusals.
+        // A full stream (with a code, and without, as before error codes),
+        // a copy too large for it: refusals.
+        assert!(answered(
+            r#"{"code":503,"description":"maximum messages exceeded"}"#
+        ));
         assert!(answered(
             r#"{"code":503,"err_code":10077,"description":"maximum messages exceeded"}"#
         ));

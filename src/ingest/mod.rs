@@ -779,7 +779,7 @@ impl Worker {
         if left > 0 && flushed {
             tracing::info!(
                 left,
-                "no answer from a stream for some outputs; leaving their messages for redelivery"
+                "no answer from a stream for some outputs, or a clustered stream unavailable; leaving their messages for redelivery"
             );
         }
     }
