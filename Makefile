@@ -104,6 +104,9 @@ release: deps
 bench: bench-deps release
 	$(CARGO) build --release --bin loopguard --example bare_relay --example copy_relay
 	LOOPGUARD_BIN=target/pgo/loopguard $(CARGO) bench --bench relay | tee target/bench-relay.md
+	# The report lists every benchmark's samples under target/criterion:
+	# none may be left from an earlier or a partial run.
+	rm -rf target/criterion
 	$(CARGO) bench --bench decision -- --warm-up-time 1 --measurement-time 3 | tee target/bench-decision.txt
 	$(CARGO) bench --bench state_memory | tee target/bench-state-memory.md
 	MAX_WORLDS=100000 scripts/memory.sh | tee target/bench-flood.md
