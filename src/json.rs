@@ -81,16 +81,7 @@ impl Object {
 
     /// An array of strings.
     pub fn strs<S: AsRef<str>>(&mut self, key: &'static str, values: &[S]) -> &mut Object {
-        self.key(key);
-        self.buf.push(b'[');
-        for (i, v) in values.iter().enumerate() {
-            if i > 0 {
-                self.buf.push(b',');
-            }
-            string(&mut self.buf, v.as_ref());
-        }
-        self.buf.push(b']');
-        self
+        self.joined_strs(key, values.iter().map(|v| [v.as_ref(), ""]))
     }
 
     /// An array of strings, each written from two parts joined (`private.`
