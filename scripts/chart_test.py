@@ -201,7 +201,7 @@ def main():
         ok(f"{name}: ConfigMap TOML passes loopguard --check")
     full_toml = by_kind(rendered["full"][1], "ConfigMap")["data"]["loopguard.toml"]
     for expected in ['[worlds."lobby"]', 'agents = ["alice", "bob"]', "rules.turns.max = 10", 'prefix = "acme.chat"', 'mode = "observe"',
-                     "threshold = 0.6", "max_worlds = 50000", "max_bytes = 134217728", "subscription_capacity = 131072",
+                     "threshold = 0.6", "max_worlds = 50000", "max_bytes = 134217728", "subscription_capacity = 131072", "ping_interval_seconds = 5",
                      "[nats.jetstream]", "enabled = true", "ack_wait_seconds = 60", "egress_acks = true",
                      'listen = "[::]:9500"']:
         if expected not in full_toml:
@@ -232,7 +232,8 @@ def main():
                 "config.nats.jetstream.retention=forever", "updateStrategy.type=Sometimes",
                 "config.state.idle_seconds=315360001", "config.nats.jetstream.ack_wait_seconds=315360001",
                 "config.shutdown.grace_seconds=315360001",
-                "config.nats.subscription_capacity=16777217", "config.reload.watch_seconds=86401",
+                "config.nats.subscription_capacity=16777217", "config.nats.ping_interval_seconds=0",
+                "config.nats.ping_interval_seconds=3601", "config.reload.watch_seconds=86401",
                 "config.http.address=example.com", "config.http.address=0.0.0.0:80",
                 # the probes reach the pod IP: a loopback or single address never gets ready
                 "config.http.address=127.0.0.1", "config.http.address=::1", "config.http.address=10.1.2.3",
@@ -252,7 +253,11 @@ def main():
                 # a bare word that is no level (loopguard reads it as a target and logs nothing else)
                 "config.log.level=warning", "config.log.level=info\\,async_nats",
                 # a directive whose level is none (the filter is refused at start)
-                "config.log.level=loopguard=verbose"]:
+                "config.log.level=loopguard=verbose",
+                # credentials in the URL would be written into the ConfigMap
+                "config.nats.url=nats://lg:pw@nats:4222", "config.nats.url=nats://a:4222\\,nats://tok@b:4222",
+                # a key the templates write out, dropped with null (TOML `max_worlds = `, listen "0.0.0.0:0")
+                "config.state.max_worlds=null", "config.http.port=null", "config.nats=null", "config.mode=null"]:
         p = helm("template", "lg", CHART, "--set", bad, expect_ok=False)
         if p.returncode == 0:
             fail(f"the schema accepted --set {bad}")
@@ -264,7 +269,11 @@ def main():
                  "config.rules.turns.max=4294967295", "auth.tlsClientCertificate=true,auth.tlsSecret=tls",
                  "imagePullSecrets[0].name=regcred", "prometheusRule.sharedAlerts=false",
                  "config.log.level=WARN", "config.log.level=info\\,async_nats=debug",
-                 "config.log.level=info\\, async_nats=debug"]:
+                 "config.log.level=info\\, async_nats=debug",
+                 # several servers; a section rendered key by key, dropped whole (loopguard's defaults)
+                 "config.nats.url=nats://a:4222\\,tls://b:4222", "config.nats.jetstream=null", "config.rules.rate=null",
+                 # absent from values reused from a chart before it: loopguard's default
+                 "config.nats.ping_interval_seconds=null"]:
         p = helm("template", "lg", CHART, "--set", good, expect_ok=False)
         if p.returncode != 0:
             fail(f"the schema refused --set {good}: {p.stderr}")
@@ -396,8 +405,14 @@ def main():
     before, after = secret_sum("auth.natsPassword=a", "auth.natsUser=u"), secret_sum("auth.natsPassword=b", "auth.natsUser=u")
     if not before or before == after:
         fail(f"the secret checksum did not change with the secret: {before} {after}")
-    notes = helm("install", "lg", CHART, "--dry-run", "--set", "config.nats.url=nats://u:hunter2@nats:4222").stdout
-    if "hunter2" in notes.split("NOTES:")[-1]:
+    # The notes name the image that runs, and say when none does.
+    notes = lambda *sets: helm("install", "lg", CHART, "--dry-run=client", *[a for s in sets for a in ("--set", s)]).stdout.split("NOTES:")[-1].lstrip()
+    if not notes("image.tag=9.9.9").startswith("loopguard 9.9.9 is judging") or "no loopguard runs" not in notes("replicaCount=0"):
+        fail(f"the install notes do not name the image's tag, or say nothing of replicaCount 0: {notes('replicaCount=0')}")
+    # The schema refuses a password in the URL; past it, the notes still hide it.
+    unchecked = helm("install", "lg", CHART, "--dry-run=client", "--skip-schema-validation",
+                     "--set", "config.nats.url=nats://u:hunter2@nats:4222").stdout
+    if "hunter2" in unchecked.split("NOTES:")[-1] or "//***@nats" not in unchecked.split("NOTES:")[-1]:
         fail("the install notes show the password of the NATS URL")
     env = {e["name"]: e for e in by_kind(rendered["full"][1], "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     if set(env) != {"LOOPGUARD__HTTP__ADMIN_TOKEN", "LOOPGUARD__NATS__USER", "LOOPGUARD__NATS__PASSWORD", "LOOPGUARD__NATS__TOKEN",
@@ -423,9 +438,11 @@ def main():
     alone = helm("install", "lg", CHART, "--dry-run", "--set", "auth.existingSecret=mine").stdout
     if "are\nignored" not in both.split("NOTES:")[-1] or "ignored" in alone.split("NOTES:")[-1]:
         fail("the install notes do not say (only) when inline auth values beside auth.existingSecret are ignored")
+    if "enabled only if the Secret\n\"mine\" holds the key admin-token" not in alone.split("NOTES:")[-1]:
+        fail("the install notes do not say where the admin token must be with auth.existingSecret")
     ok("Deployment: labels (none of the chart's version on the pod), probes, restricted securityContext, grace period, resources, Recreate, "
        "config mounted as a directory, config checksum (restart-only sections when watched) and secret checksum, secrets via env, "
-       "existing Secret required; notes hide URL passwords and name ignored inline secrets")
+       "existing Secret required; notes hide URL passwords, name the image, replicaCount 0, ignored inline secrets and where the admin token is read")
 
     # 7. as a dependency of another chart (Helm then gives it `global`), switched by a condition
     with tempfile.TemporaryDirectory() as parent:

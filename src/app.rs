@@ -734,6 +734,9 @@ async fn connect(
         .retry_on_initial_connect()
         .max_reconnects(None)
         .subscription_capacity(config.nats.subscription_capacity)
+        // The client's default, 60 s, leaves a silent server unnoticed (and
+        // `/readyz` at 200) for three minutes.
+        .ping_interval(Duration::from_secs(config.nats.ping_interval_seconds))
         .event_callback(move |event| {
             let m = m.clone();
             let was_connected = was_connected.clone();

@@ -44,6 +44,11 @@ pub const MAX_RATE: u32 = 10_000;
 /// absurd capacities); a buffer this long already holds gigabytes.
 pub const MAX_SUBSCRIPTION_CAPACITY: usize = 16_777_216;
 
+/// The longest `nats.ping_interval_seconds`: a server gone silent is
+/// noticed three intervals after its last word, so past an hour it is
+/// hardly noticed.
+pub const MAX_PING_INTERVAL_SECONDS: u64 = 3600;
+
 /// A server address as an error may show it: everything up to its last
 /// `@` becomes `<redacted>@`, so a `user:password@` goes, even one whose
 /// password holds the `/` or `#` that made the address unreadable
@@ -107,6 +112,14 @@ pub struct NatsConfig {
     /// Messages buffered per subscription before the client drops them as a
     /// slow consumer. Large enough to absorb bursts while workers catch up.
     pub subscription_capacity: usize,
+    /// How long the connection may go without a word from the server before
+    /// the client pings it. Each further interval of silence sends another
+    /// ping, and the third ends the connection with two pings unanswered.
+    /// A server that stops answering without closing it (a power loss, a
+    /// partition, a firewall dropping the flow) is so found out three
+    /// intervals after its last word: until then loopguard reads nothing
+    /// and still says it is ready.
+    pub ping_interval_seconds: u64,
     /// User and password (both or neither). Credentials in `url` (a
     /// `user:password@`, or a `token@` as the NATS tools read it) are one
     /// more method, so they may not come with another.
@@ -294,6 +307,7 @@ impl std::fmt::Debug for NatsConfig {
             .field("servers", &hosts)
             .field("prefix", &self.prefix)
             .field("subscription_capacity", &self.subscription_capacity)
+            .field("ping_interval_seconds", &self.ping_interval_seconds)
             .field("auth", &self.auth().unwrap_or(NatsAuth::None))
             .field("tls", &self.tls)
             .field("jetstream", &self.jetstream)
@@ -572,6 +586,7 @@ impl Default for NatsConfig {
             url: "nats://127.0.0.1:4222".into(),
             prefix: "chat".into(),
             subscription_capacity: 65_536,
+            ping_interval_seconds: 10,
             user: String::new(),
             password: String::new(),
             token: String::new(),
@@ -1168,6 +1183,13 @@ impl Config {
             return Err(invalid(
                 "nats.subscription_capacity",
                 format!("must be 1 to {MAX_SUBSCRIPTION_CAPACITY}"),
+            ));
+        }
+        // 0 would be a timer that never waits (the client's panics).
+        if !(1..=MAX_PING_INTERVAL_SECONDS).contains(&self.nats.ping_interval_seconds) {
+            return Err(invalid(
+                "nats.ping_interval_seconds",
+                format!("must be 1 to {MAX_PING_INTERVAL_SECONDS}"),
             ));
         }
         self.http.listen.parse::<SocketAddr>().map_err(|e| {

@@ -123,6 +123,11 @@ fn main() -> ExitCode {
                         );
                         std::process::exit(1);
                     }
+                    tracing::info!(
+                        signal,
+                        "shutdown: signal within a second of the first, taken as the same; \
+                         one after that exits at once"
+                    );
                 }
             });
         },

@@ -89,6 +89,17 @@ fn check_and_start_up_exit_2_naming_the_key() {
             )],
             "nats.subscription_capacity",
         ),
+        // A timer that never waits: the client's ping timer panics on it.
+        (
+            "[nats]\nping_interval_seconds = 0\n",
+            &[],
+            "nats.ping_interval_seconds",
+        ),
+        (
+            "",
+            &[("LOOPGUARD__NATS__PING_INTERVAL_SECONDS", "3601")],
+            "nats.ping_interval_seconds",
+        ),
         (
             "",
             &[("LOOPGUARD__RELOAD__WATCH_SECONDS", "18446744073709551615")],
@@ -500,6 +511,10 @@ async fn a_second_signal_ends_the_drain_at_once() {
     h.loopguard.signals(&["TERM", "INT"]);
     h.loopguard
         .until_logged("shutdown: signal received", 1)
+        .await;
+    // The second is said to be taken as the first, and how to go on.
+    h.loopguard
+        .until_logged("shutdown: signal within a second of the first", 1)
         .await;
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     assert!(h.loopguard.is_running(), "{}", h.loopguard.logs());

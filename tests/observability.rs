@@ -406,6 +406,40 @@ async fn readyz_is_503_while_nats_is_down_and_200_after_it_returns_on_the_same_p
     assert!(h.loopguard.is_running());
 }
 
+/// A server that stops answering but leaves the connection open (a power
+/// loss, a partition, a firewall dropping the flow without a reset) is
+/// found out by the client's pings: three `nats.ping_interval_seconds`
+/// after its last word (two pings unanswered), `/readyz` answers
+/// 503 and `loopguard_nats_connected` is 0. With the client's default
+/// interval (60 s) that took three minutes, past this test's bound.
+#[tokio::test]
+async fn readyz_is_503_once_a_silent_server_leaves_its_pings_unanswered() {
+    let h = Harness::start("[nats]\nping_interval_seconds = 1\n").await;
+    let addr = h.loopguard.http_addr().await;
+    assert_eq!(http(&addr, "GET", "/readyz", &[]).await.0, 200);
+
+    h.nats.freeze();
+    support::within("readyz 503 while the server is silent", async {
+        while http(&addr, "GET", "/readyz", &[]).await.0 != 503 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let silent = Scrape::take(&addr).await;
+    assert_eq!(silent.get("loopguard_nats_connected", &[]), 0.0);
+
+    h.nats.thaw();
+    support::within("readyz 200 once the server answers again", async {
+        while http(&addr, "GET", "/readyz", &[]).await.0 != 200 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let back = Scrape::take(&addr).await;
+    assert_eq!(back.get("loopguard_nats_connected", &[]), 1.0);
+    assert!(back.get("loopguard_nats_reconnects_total", &[]) >= 1.0);
+}
+
 /// The client counts a new connection, and says it is connected, before it
 /// has sent its subscriptions again: ready only once a round trip on that
 /// connection confirms the server holds them (a message published after a

@@ -165,11 +165,7 @@ impl NatsServer {
     /// streams' and consumers' state before it exits) and starts it again
     /// like [`NatsServer::restart`].
     pub fn restart_after_sigterm(&mut self) {
-        let ok = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(ok.success());
+        self.send("-TERM");
         // Bounded: a server that does not exit fails the test, not hangs CI.
         let deadline = std::time::Instant::now() + TIMEOUT;
         while self.child.try_wait().expect("nats-server waits").is_none() {
@@ -185,11 +181,7 @@ impl NatsServer {
     /// Has the server read its configuration file again (SIGHUP), as
     /// `nats-server --signal reload` does.
     pub fn reload(&self) {
-        let ok = Command::new("kill")
-            .args(["-HUP", &self.child.id().to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(ok.success());
+        self.send("-HUP");
     }
 
     /// Starts a server on a given `port` (to restart one where it was).
@@ -211,6 +203,25 @@ impl NatsServer {
 
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops the server without closing its connections (SIGSTOP), as a
+    /// power loss or a partition leaves them: it reads and answers nothing
+    /// until [`NatsServer::thaw`].
+    pub fn freeze(&self) {
+        self.send("-STOP");
+    }
+
+    pub fn thaw(&self) {
+        self.send("-CONT");
+    }
+
+    fn send(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(ok.success(), "kill {signal} nats-server");
     }
 
     pub fn stop(&mut self) {

@@ -77,6 +77,10 @@ leaves them): a change to them must restart the pod. */}}
 url = {{ include "loopguard.toml" $c.nats.url }}
 prefix = {{ include "loopguard.toml" $c.nats.prefix }}
 subscription_capacity = {{ include "loopguard.toml" $c.nats.subscription_capacity }}
+{{- /* Absent from values reused from a chart before 0.9.0: loopguard's default. */}}
+{{- with $c.nats.ping_interval_seconds }}
+ping_interval_seconds = {{ include "loopguard.toml" . }}
+{{- end }}
 {{- with .Values.auth.credentialsSecret }}
 credentials_file = "/etc/loopguard/nats/nats.creds"
 {{- end }}
