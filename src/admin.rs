@@ -544,7 +544,14 @@ fn world_view(admin: &Admin, raw: &str) -> Reply {
     let (window, hot) = conversation_limits(admin);
     let show = |w: &state::WorldState| w.view(&world, now, w.conversation(now, window, hot));
     let view = match admin.judge.worlds().get(&world, now) {
-        Some(handle) => show(&state::lock(&handle)),
+        Some(handle) => {
+            // As its next message would find it after a reload: the pins,
+            // the rate window, the pause.
+            let settings = admin.judge.settings();
+            let mut w = state::lock(&handle);
+            w.bring_onto(settings.world(&world), settings.config.mode, now);
+            show(&w)
+        }
         None => {
             // A world the config lists has its agents before its first
             // message (or again after eviction): shown as it would start,

@@ -396,7 +396,7 @@ impl Judge {
                 let ws = settings.world(&world);
                 let handle = self.worlds.get_or_create(&world, ws, now);
                 let mut w = state::lock(&handle);
-                w.apply_settings(ws, now);
+                w.bring_onto(ws, settings.config.mode, now);
                 w.touch_agent(&agent, now);
                 self.worlds.weigh(&world, &handle, &w);
                 return None;
@@ -640,7 +640,7 @@ impl Judge {
         let ws = settings.world(&world);
         let handle = self.worlds.get_or_create(&world, ws, now);
         let mut w = state::lock(&handle);
-        w.apply_settings(ws, now);
+        w.bring_onto(ws, settings.config.mode, now);
         let limits = &ws.rules;
         let is_agent = kind == SenderKind::Agent;
         if is_agent {

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::config::{Settings, WorldSettings};
+use crate::config::{Mode, Settings, WorldSettings};
 use crate::names::Name;
 use crate::rules::similar::Words;
 use crate::subject::SenderKind;
@@ -379,6 +379,18 @@ impl WorldState {
 
     fn extras_mut(&mut self) -> &mut Extras {
         self.extras.get_or_insert_with(Default::default)
+    }
+
+    /// Brings the world onto the configuration in force: its own settings
+    /// (see [`WorldState::apply_settings`]), and in observe mode no pause:
+    /// that mode pauses no world, so one paused under enforce is not paused
+    /// now, and back under enforce its next turn-limit rejection tells a
+    /// human again.
+    pub fn bring_onto(&mut self, settings: &Arc<WorldSettings>, mode: Mode, now: Instant) {
+        self.apply_settings(settings, now);
+        if mode == Mode::Observe {
+            self.paused = false;
+        }
     }
 
     /// Brings the world onto `settings` after a configuration reload: new

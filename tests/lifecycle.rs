@@ -845,6 +845,57 @@ async fn sighup_reloads_rules_without_a_restart_and_refuses_an_invalid_config() 
     assert_eq!(last_ok(&support::Scrape::take(&addr).await), 1.0);
 }
 
+/// Observe mode pauses no world: one paused at the turn limit under enforce
+/// is shown unpaused once observe mode is reloaded in (before its next
+/// message, too), and back under enforce its next turn-limit rejection
+/// tells a human again. Before, the pause outlived observe mode, and the
+/// rejection after it was silent.
+#[tokio::test]
+async fn observe_mode_reloaded_in_lifts_a_pause_and_enforce_tells_a_human_again() {
+    let enforce = "[rules.turns]\nmax = 1\n[rules.depth]\nmax = 0\n";
+    let mut h = Harness::start(enforce).await;
+    let addr = h.loopguard.http_addr().await;
+    let paused = async || {
+        let (status, body) = support::http(&addr, "GET", "/v1/worlds/w", &[]).await;
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["paused"].clone()
+    };
+    let notices = |out: &support::Outputs| {
+        out.public("w")
+            .iter()
+            .filter(|r| r.body["sender"] == "loopguard")
+            .count()
+    };
+    h.send_json("w", "agent", "alice", support::msg("one"))
+        .await;
+    h.send_json("w", "agent", "bob", support::msg("two")).await;
+    let out = h.settle("w").await;
+    assert_eq!(notices(&out), 1);
+    assert_eq!(paused().await, json!(true));
+
+    async fn reload(lg: &Loopguard, toml: String, count: usize) {
+        std::fs::write(lg.config_path(), toml).unwrap();
+        lg.signal("HUP");
+        lg.until_logged("configuration reloaded", count).await;
+    }
+    reload(&h.loopguard, format!("mode = \"observe\"\n{enforce}"), 1).await;
+    assert_eq!(paused().await, json!(false), "observe mode pauses no world");
+    h.send_json("w", "agent", "carol", support::msg("three"))
+        .await;
+    let out = h.settle("w").await;
+    assert_eq!(out.event("w").body["would_reject"], "turns");
+    assert_eq!(notices(&out), 0, "observe mode sends no notice");
+    assert_eq!(paused().await, json!(false));
+
+    reload(&h.loopguard, enforce.to_string(), 2).await;
+    h.send_json("w", "agent", "alice", support::msg("four"))
+        .await;
+    let out = h.settle("w").await;
+    assert_eq!(out.event("w").body["rule"], "turns");
+    assert_eq!(notices(&out), 1, "a human is told again");
+    assert_eq!(paused().await, json!(true));
+}
+
 /// A CA and a server certificate for 127.0.0.1, made with the openssl CLI.
 fn make_certs(dir: &std::path::Path) {
     let run = |args: &[&str]| {
