@@ -1185,7 +1185,7 @@ impl Config {
                 format!("must be 1 to {MAX_SUBSCRIPTION_CAPACITY}"),
             ));
         }
-        // 0 would be a timer that never waits (the client's panics).
+        // 0 would be a timer that never waits, on which the client panics.
         if !(1..=MAX_PING_INTERVAL_SECONDS).contains(&self.nats.ping_interval_seconds) {
             return Err(invalid(
                 "nats.ping_interval_seconds",

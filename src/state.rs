@@ -396,7 +396,7 @@ impl WorldState {
     /// Brings the world onto `settings` after a configuration reload: new
     /// rules apply from the next decision, agents now listed in config are
     /// pinned, and agents no longer listed may expire like any other.
-    pub fn apply_settings(&mut self, settings: &Arc<WorldSettings>, now: Instant) {
+    fn apply_settings(&mut self, settings: &Arc<WorldSettings>, now: Instant) {
         if Arc::ptr_eq(&self.settings, settings) {
             return;
         }

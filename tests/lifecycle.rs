@@ -574,7 +574,7 @@ async fn a_refused_policy_request_under_the_prefix_is_logged_not_counted_as_a_dr
         "[rules.policy]\nsubject = \"chat.policy.check\"\ntimeout_ms = 200\nfail = \"open\"\n",
     );
     let (nats, lg) = (&restricted.nats, &restricted.lg);
-    until_ready(lg).await;
+    lg.until_ready().await;
     let client = support::connect_as(nats, "t").await;
     let mut transcript = client.subscribe("chat.public.w").await.unwrap();
     within("subscribed", client.flush()).await.unwrap();
@@ -644,7 +644,7 @@ async fn a_refused_jetstream_set_up_call_is_retried_until_granted() {
     assert_eq!(support::http(&addr, "GET", "/readyz", &[]).await.0, 503);
     std::fs::write(&restricted.conf, users("")).unwrap();
     nats.reload();
-    until_ready(lg).await;
+    lg.until_ready().await;
 }
 
 /// A nats-server started with a configuration file (kept, for a reload),
@@ -679,17 +679,6 @@ impl Restricted {
             _dir: dir,
         }
     }
-}
-
-/// Waits until loopguard's `/readyz` answers 200.
-async fn until_ready(lg: &Loopguard) {
-    let addr = lg.http_addr().await;
-    within("loopguard ready", async {
-        while support::http(&addr, "GET", "/readyz", &[]).await.0 != 200 {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    })
-    .await;
 }
 
 /// A `RUST_LOG` that is no log filter, or one `log.level` would refuse,
@@ -739,10 +728,10 @@ async fn authenticates_to_nats_with_user_password_token_or_url_credentials_and_n
             ("LOOPGUARD__NATS__PASSWORD", secret),
         ],
     );
-    until_ready(&with_keys).await;
+    with_keys.until_ready().await;
     let in_url = format!("nats://lg:{secret}@127.0.0.1:{}", protected.port);
     let with_url = Loopguard::spawn(&in_url, "");
-    until_ready(&with_url).await;
+    with_url.until_ready().await;
     let wrong = Loopguard::spawn_env(
         &protected.url(),
         "",
@@ -759,7 +748,7 @@ async fn authenticates_to_nats_with_user_password_token_or_url_credentials_and_n
         "",
         &[("LOOPGUARD__NATS__TOKEN", token)],
     );
-    until_ready(&with_token).await;
+    with_token.until_ready().await;
 
     // the wrong password never becomes ready, and says why
     let addr = wrong.http_addr().await;
@@ -976,7 +965,7 @@ async fn connects_over_tls_with_a_private_ca_and_refuses_an_unknown_one() {
         "",
         &[("LOOPGUARD__NATS__TLS__CA_FILE", &path("ca.pem"))],
     );
-    until_ready(&trusted).await;
+    trusted.until_ready().await;
 
     // Without the private CA the server certificate cannot be verified.
     let untrusted = Loopguard::spawn(&url, "");
@@ -1032,7 +1021,7 @@ async fn mutual_tls_connects_with_a_client_certificate_and_checks_the_pair() {
     ]);
     let url = format!("tls://127.0.0.1:{}", nats.port);
     let client = Loopguard::spawn_env(&url, "", &env(&pair));
-    until_ready(&client).await;
+    client.until_ready().await;
     let anonymous = Loopguard::spawn_env(&url, "", &[("LOOPGUARD__NATS__TLS__CA_FILE", &ca)]);
     let addr = anonymous.http_addr().await;
     anonymous.until_logged("NATS client error", 1).await;
@@ -1138,12 +1127,7 @@ async fn a_worker_that_panics_stops_loopguard_with_an_error() {
     let nats = NatsServer::start();
     let mut lg = Loopguard::spawn_env(&nats.url(), "", &[("LOOPGUARD_TEST_PANIC_WORLD", "doomed")]);
     let addr = lg.http_addr().await;
-    within("loopguard ready", async {
-        while support::http(&addr, "GET", "/readyz", &[]).await.0 != 200 {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    support::until_readyz(&addr, 200).await;
     let client = within("client", async_nats::connect(nats.url()))
         .await
         .unwrap();

@@ -287,12 +287,7 @@ async fn requests_whose_clients_hang_up_do_not_pile_up_threads() {
     );
     let addr = lg.http_addr().await;
     // Ready: connected, so the server's name was looked up (on the pool).
-    support::within("ready", async {
-        while http(&addr, "GET", "/readyz", &[]).await.0 != 200 {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    support::until_readyz(&addr, 200).await;
     let threads = || {
         let status = std::fs::read_to_string(format!("/proc/{}/status", lg.pid()))
             .expect("the process's status");
@@ -357,12 +352,7 @@ async fn readyz_is_503_while_nats_is_down_and_200_after_it_returns_on_the_same_p
 
     let port = h.nats.port;
     h.nats.stop();
-    support::within("readyz 503 while NATS is down", async {
-        while http(&addr, "GET", "/readyz", &[]).await.0 != 503 {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    support::until_readyz(&addr, 503).await;
     assert_eq!(
         Scrape::take(&addr)
             .await
@@ -419,22 +409,12 @@ async fn readyz_is_503_once_a_silent_server_leaves_its_pings_unanswered() {
     assert_eq!(http(&addr, "GET", "/readyz", &[]).await.0, 200);
 
     h.nats.freeze();
-    support::within("readyz 503 while the server is silent", async {
-        while http(&addr, "GET", "/readyz", &[]).await.0 != 503 {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    support::until_readyz(&addr, 503).await;
     let silent = Scrape::take(&addr).await;
     assert_eq!(silent.get("loopguard_nats_connected", &[]), 0.0);
 
     h.nats.thaw();
-    support::within("readyz 200 once the server answers again", async {
-        while http(&addr, "GET", "/readyz", &[]).await.0 != 200 {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    support::until_readyz(&addr, 200).await;
     let back = Scrape::take(&addr).await;
     assert_eq!(back.get("loopguard_nats_connected", &[]), 1.0);
     assert!(back.get("loopguard_nats_reconnects_total", &[]) >= 1.0);

@@ -114,16 +114,6 @@ async fn settled_stream_messages(js: &jetstream::Context, name: &str) -> u64 {
     }
 }
 
-async fn until_ready(lg: &Loopguard) {
-    let addr = lg.http_addr().await;
-    within("loopguard ready", async {
-        while http(&addr, "GET", "/readyz", &[]).await.0 != 200 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
-}
-
 /// Waits until `name` holds `want` messages, or fails with what it holds,
 /// where the ingest stream and loopguard's consumer stand, and loopguard's
 /// log: enough to tell a message the server lost from one loopguard did.
@@ -271,7 +261,7 @@ async fn a_second_run_finishes_all(
     n: u64,
 ) {
     let second = Loopguard::spawn(&nats.url(), config);
-    until_ready(&second).await;
+    second.until_ready().await;
     until_stream_holds(js, "EGRESS", n, &second).await;
     until_ingest_acknowledged(js, &second).await;
     assert_eq!(stream_messages(js, "EGRESS").await, n);
@@ -358,7 +348,7 @@ async fn kill_9_mid_stream_then_restart_leaves_every_approved_message_exactly_on
     // A first start creates the stream and the durable consumer; the
     // messages then wait in the stream for the run that is killed.
     let mut setup = Loopguard::spawn(&nats.url(), JS_CONFIG);
-    until_ready(&setup).await;
+    setup.until_ready().await;
     setup.kill9();
     publish_messages(&js, 0..N).await;
 
@@ -383,7 +373,7 @@ async fn kill_9_mid_stream_then_restart_leaves_every_approved_message_exactly_on
     );
 
     let second = Loopguard::spawn(&nats.url(), &killed_config);
-    until_ready(&second).await;
+    second.until_ready().await;
     let logs = second.logs();
     assert!(
         logs.contains(
@@ -427,7 +417,7 @@ async fn a_nats_restart_mid_traffic_loses_nothing() {
     let (client, js) = connect(&nats).await;
     egress_stream(&js).await;
     let mut setup = Loopguard::spawn(&nats.url(), JS_CONFIG);
-    until_ready(&setup).await;
+    setup.until_ready().await;
     setup.kill9();
     publish_messages(&js, 0..N / 2).await;
 
@@ -441,7 +431,7 @@ async fn a_nats_restart_mid_traffic_loses_nothing() {
     let at_restart = stream_messages(&js, "EGRESS").await;
     nats.restart_after_sigterm();
     // Both clients reconnect by themselves.
-    until_ready(&lg).await;
+    lg.until_ready().await;
     within("test client reconnect", async {
         while client.connection_state() != async_nats::connection::State::Connected {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -498,7 +488,7 @@ async fn egress_acks_acknowledge_only_what_the_stream_answered() {
     let _transcript = client.subscribe("chat.public.>").await.unwrap();
     within("subscribed", client.flush()).await.unwrap();
     let lg = Loopguard::spawn(&nats.url(), &js_acks_config());
-    until_ready(&lg).await;
+    lg.until_ready().await;
     within("delete the egress stream", js.delete_stream("EGRESS"))
         .await
         .expect("deleted");
@@ -560,7 +550,7 @@ async fn a_full_replay_still_holds_the_newest_decisions() {
         .replace("enabled = true\n", "enabled = true\nmax_ack_pending = 10\n")
         .replace("[rules.duplicate]\nwindow_seconds = 0\n", "");
     let lg = Loopguard::spawn(&nats.url(), &config);
-    until_ready(&lg).await;
+    lg.until_ready().await;
     publish_messages(&js, 0..60).await;
     until_ingest_acknowledged(&js, &lg).await;
 
@@ -599,7 +589,7 @@ async fn egress_acks_leave_no_ack_streams_to_the_flush() {
     )
     .await;
     let lg = Loopguard::spawn(&nats.url(), &js_acks_config());
-    until_ready(&lg).await;
+    lg.until_ready().await;
     publish_messages(&js, 0..10).await;
     until_ingest_acknowledged(&js, &lg).await;
     let logs = lg.logs();
@@ -631,7 +621,7 @@ async fn copies_a_full_egress_stream_refuses_are_counted_not_redelivered() {
     )
     .await;
     let lg = Loopguard::spawn(&nats.url(), &js_acks_config());
-    until_ready(&lg).await;
+    lg.until_ready().await;
     publish_messages(&js, 0..N).await;
     // Were refusals retried, the messages would never all be acknowledged.
     until_ingest_acknowledged(&js, &lg).await;
@@ -685,7 +675,7 @@ async fn a_copy_the_server_s_permissions_refuse_is_counted_not_redelivered() {
             ("RUST_LOG", "loopguard=debug"),
         ],
     );
-    until_ready(&lg).await;
+    lg.until_ready().await;
     // w0's copies are stored, w1's refused; and a rejection, which
     // shows that debug lines are logged.
     publish_each(&js, 0..6, |i| format!("chat.raw.w{}.agent.a", i % 2)).await;
@@ -737,7 +727,7 @@ async fn egress_acks_with_a_stream_on_part_of_a_family_flush_that_family() {
     let mut transcript = client.subscribe("chat.public.>").await.unwrap();
     within("subscribed", client.flush()).await.unwrap();
     let lg = Loopguard::spawn(&nats.url(), &js_acks_config());
-    until_ready(&lg).await;
+    lg.until_ready().await;
     publish_messages(&js, 0..10).await;
     until_ingest_acknowledged(&js, &lg).await;
     for _ in 0..10 {
@@ -773,7 +763,7 @@ async fn sigterm_under_load_leaves_the_rest_for_redelivery_and_exits_within_the_
         "enabled = true\nmax_ack_pending = 100\n",
     );
     let mut first = Loopguard::spawn(&nats.url(), &config);
-    until_ready(&first).await;
+    first.until_ready().await;
     publish_messages(&js, 0..N).await;
     until_stream_holds(&js, "EGRESS", (N / 4) as u64, &first).await;
 
@@ -863,7 +853,7 @@ async fn when_the_grace_period_runs_out_the_undecided_messages_are_handed_back()
     // outlasts the grace period (its timeout is 10 s).
     let config = held_policy_config(1, 120);
     let mut first = Loopguard::spawn(&nats.url(), &config);
-    until_ready(&first).await;
+    first.until_ready().await;
     // As in the test above: three humans' messages decided, the first
     // agent's waits, the rest wait behind it, then in the worker's queue.
     publish_each(&js, 0..N, held_world_subject).await;
@@ -921,7 +911,7 @@ async fn a_chain_of_held_back_messages_stops_where_the_grace_period_runs_out() {
         &config,
         &[("LOOPGUARD_TEST_STALL_HELD_MS", "100")],
     );
-    until_ready(&first).await;
+    first.until_ready().await;
     // The agent's question seen go out: the worker holds it, and what
     // follows it waits in the worker, not in the intake (which, at the
     // signal, would hand it back unjudged, leaving nothing to the grace
@@ -1071,7 +1061,7 @@ async fn redeliveries_of_another_run_s_messages_are_rejected_past_a_world_s_shar
     // times out.
     let config = held_policy_config(1, 5);
     let mut first = Loopguard::spawn(&nats.url(), &format!("mode = \"observe\"\n{config}"));
-    until_ready(&first).await;
+    first.until_ready().await;
     publish_each(&js, 0..N, |i| format!("chat.raw.w0.agent.a{}", i % 4)).await;
     until_delivered(&js, N).await;
     first.signal("TERM");
@@ -1089,7 +1079,7 @@ async fn redeliveries_of_another_run_s_messages_are_rejected_past_a_world_s_shar
     assert!(handed_back > 1 + SHARE, "{logs}");
 
     let second = Loopguard::spawn(&nats.url(), &config);
-    until_ready(&second).await;
+    second.until_ready().await;
     let addr = second.http_addr().await;
     let backlog = || async {
         let scrape = support::Scrape::take(&addr).await;
@@ -1133,7 +1123,7 @@ async fn redeliveries_of_messages_held_back_are_never_rejected_for_the_backlog()
         .unwrap();
     within("subscribed", client.flush()).await.unwrap();
     let lg = Loopguard::spawn(&nats.url(), &held_policy_config(45, 120));
-    until_ready(&lg).await;
+    lg.until_ready().await;
     let agent = |i: usize| format!("chat.raw.w0.agent.a{}", i % 4);
     // The first asks, 64 wait behind it, the rest are rejected.
     publish_each(&js, 0..N, agent).await;
@@ -1197,7 +1187,7 @@ async fn messages_held_back_longer_than_ack_wait_are_not_delivered_again() {
     const N: usize = 11;
     let (nats, js, open) = held_policy_server().await;
     let lg = Loopguard::spawn(&nats.url(), &held_policy_config(45, 3));
-    until_ready(&lg).await;
+    lg.until_ready().await;
     // The first asks, the other 10 wait behind it.
     publish_each(&js, 0..N, |i| format!("chat.raw.w0.agent.a{}", i % 4)).await;
     until_delivered(&js, N).await;
@@ -1261,7 +1251,7 @@ async fn jetstream_loopguard() -> (NatsServer, jetstream::Context, Loopguard) {
     let (_, js) = connect(&nats).await;
     egress_stream(&js).await;
     let lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
-    until_ready(&lg).await;
+    lg.until_ready().await;
     (nats, js, lg)
 }
 
@@ -1354,7 +1344,7 @@ async fn held_past_the_worker_s_queue(grace_seconds: u64) -> HeldRun {
     let (nats, js, open) = held_policy_server().await;
     let config = held_policy_config(grace_seconds, 120);
     let lg = Loopguard::spawn(&nats.url(), &config);
-    until_ready(&lg).await;
+    lg.until_ready().await;
     publish_each(&js, 0..HELD_PAST_THE_QUEUE, held_world_subject).await;
     within("the pull to deliver past the worker's queue", async {
         while ingest_consumer(&js).await.num_ack_pending < TAKEN + 250 {
@@ -1431,7 +1421,7 @@ async fn an_existing_consumer_with_other_settings_is_named_in_a_warning() {
     .await
     .expect("consumer");
     let lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
-    until_ready(&lg).await;
+    lg.until_ready().await;
     lg.until_logged("keeps its own ack_wait", 1).await;
 }
 
@@ -1444,7 +1434,7 @@ async fn an_existing_consumer_with_other_settings_is_named_in_a_warning() {
 async fn an_ack_wait_no_longer_than_a_drain_is_named_in_a_warning() {
     let nats = NatsServer::start_jetstream();
     let lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
-    until_ready(&lg).await;
+    lg.until_ready().await;
     lg.until_logged("no longer than a shutdown's drain", 1)
         .await;
 }
@@ -1491,7 +1481,7 @@ async fn a_consumer_deleted_under_loopguard_is_opened_again() {
     let (_, js) = connect(&nats).await;
     egress_stream(&js).await;
     let mut lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
-    until_ready(&lg).await;
+    lg.until_ready().await;
     publish_messages(&js, 0..N / 2).await;
     until_stream_holds(&js, "EGRESS", (N / 2) as u64, &lg).await;
 
@@ -1521,7 +1511,7 @@ async fn an_ingest_stream_lost_with_a_server_restart_is_set_up_again() {
     egress_stream(&js).await;
     let config = JS_CONFIG.replace("enabled = true\n", "enabled = true\nstorage = \"memory\"\n");
     let lg = Loopguard::spawn(&nats.url(), &config);
-    until_ready(&lg).await;
+    lg.until_ready().await;
     publish_messages(&js, 0..N / 2).await;
     until_stream_holds(&js, "EGRESS", (N / 2) as u64, &lg).await;
 
@@ -1549,7 +1539,7 @@ async fn a_stream_edited_to_capture_others_subjects_stops_loopguard_and_keeps_th
     let (_, js) = connect(&nats).await;
     egress_stream(&js).await;
     let mut lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
-    until_ready(&lg).await;
+    lg.until_ready().await;
     publish_messages(&js, 0..1).await;
     until_stream_holds(&js, "EGRESS", 1, &lg).await;
     until_ingest_acknowledged(&js, &lg).await;
@@ -1606,7 +1596,7 @@ async fn messages_of_a_stream_created_again_do_not_settle_the_new_stream_s() {
         .replace("fail = \"open\"\n", "fail = \"open\"\ntrip_after = 0\n")
         .replace("enabled = true\n", "enabled = true\nstorage = \"memory\"\n");
     let lg = Loopguard::spawn(&nats.url(), &config);
-    until_ready(&lg).await;
+    lg.until_ready().await;
     let agent = |i: usize| format!("chat.raw.w0.agent.a{}", i % 4);
     publish_each(&js, 0..OLD, agent).await;
     until_delivered(&js, OLD).await;
@@ -1729,7 +1719,7 @@ async fn a_lost_consumer_is_not_ready_until_it_is_open_again() {
     let (client, js) = connect(&nats).await;
     egress_stream(&js).await;
     let lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
-    until_ready(&lg).await;
+    lg.until_ready().await;
     let addr = lg.http_addr().await;
 
     nats.stop();
@@ -1761,7 +1751,7 @@ async fn a_lost_consumer_is_not_ready_until_it_is_open_again() {
 
     drop(without_jetstream);
     nats.restart();
-    until_ready(&lg).await;
+    lg.until_ready().await;
     within("client reconnected", async {
         while client.connection_state() != async_nats::connection::State::Connected {
             tokio::time::sleep(Duration::from_millis(50)).await;

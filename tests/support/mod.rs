@@ -291,6 +291,11 @@ impl Loopguard {
         self._dir.path().join("loopguard.toml")
     }
 
+    /// Waits until its `/readyz` answers 200.
+    pub async fn until_ready(&self) {
+        until_readyz(&self.http_addr().await, 200).await;
+    }
+
     /// Sends a signal by name (`HUP`, `TERM`, …).
     pub fn signal(&self, name: &str) {
         self.signals(&[name]);
@@ -650,6 +655,16 @@ impl Loopguard {
         })
         .await
     }
+}
+
+/// Waits until `/readyz` at `addr` answers `status`.
+pub async fn until_readyz(addr: &str, status: u16) {
+    within(&format!("/readyz to answer {status}"), async {
+        while http(addr, "GET", "/readyz", &[]).await.0 != status {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
 }
 
 /// A minimal HTTP/1.1 exchange: (status, body).
