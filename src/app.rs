@@ -433,7 +433,7 @@ fn warn_if_worlds_can_outweigh(settings: &Settings) {
 
 /// Loads the configuration again and applies it; an invalid one is refused
 /// (logged, counted) and the running one stays.
-fn apply_reload(reload: &Reload, judge: &Judge, metrics: &Metrics, trigger: &'static str) {
+fn apply_reload(reload: &Reload, judge: &Judge, metrics: &Metrics, trigger: &'static str) -> bool {
     // SIGHUP and the file watch may fire together: one load-and-swap at a
     // time, so an older file can never be applied after a newer one.
     static RELOADING: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -452,10 +452,12 @@ fn apply_reload(reload: &Reload, judge: &Judge, metrics: &Metrics, trigger: &'st
                     "configuration reloaded; changes to these sections take effect after a restart"
                 );
             }
+            true
         }
         Err(e) => {
             metrics.reload(false);
             tracing::error!(trigger, error = %e, "configuration reload failed; the running configuration stays");
+            false
         }
     }
 }
@@ -463,24 +465,34 @@ fn apply_reload(reload: &Reload, judge: &Judge, metrics: &Metrics, trigger: &'st
 /// [`apply_reload`] on the blocking pool: it reads files and builds the
 /// rules' matchers, which must not hold a runtime thread (with
 /// `runtime.threads = 1`, every decision would wait for a slow disk).
+/// Whether it was applied.
 async fn reload_in_background(
     reload: &Arc<Reload>,
     judge: &Arc<Judge>,
     metrics: &Metrics,
     trigger: &'static str,
-) {
+) -> bool {
     let (reload, judge, m) = (reload.clone(), judge.clone(), metrics.clone());
     let applied = tokio::task::spawn_blocking(move || apply_reload(&reload, &judge, &m, trigger));
-    if let Err(e) = applied.await {
+    applied.await.unwrap_or_else(|e| {
         metrics.reload(false);
         tracing::error!(trigger, error = %e, "configuration reload failed; the running configuration stays");
-    }
+        false
+    })
 }
+
+/// The longest wait before the file watch tries a refused file again.
+const RELOAD_RETRY_MAX: Duration = Duration::from_secs(300);
 
 /// Reloads when the file's modification time, size or identity changes
 /// (see [`file_stamp`]), once the change has stood for a whole check: a
 /// file written in place (truncated, then filled) is not read half-written,
-/// when an empty or cut file may still parse, as all defaults.
+/// when an empty or cut file may still parse, as all defaults. A version of
+/// the file that was refused is tried again, at waits that double from one
+/// check up to [`RELOAD_RETRY_MAX`], until a reload (from here or a SIGHUP)
+/// succeeds or the file changes: what refused it may have been passing (a
+/// TLS file it names, caught mid-rotation), and its change would otherwise
+/// wait for the next edit.
 async fn reload_on_change(
     reload: Arc<Reload>,
     path: std::path::PathBuf,
@@ -492,18 +504,37 @@ async fn reload_on_change(
         async |p: &std::path::Path| tokio::fs::metadata(p).await.ok().map(|m| file_stamp(&m));
     let mut applied = stamp(&path).await;
     let (mut seen, mut changing) = (applied, 0);
+    // When to try a refused file again, and how long that wait was.
+    let mut retry: Option<(tokio::time::Instant, Duration)> = None;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        let at = tick.tick().await;
         let now = stamp(&path).await;
         changing = if now == seen { 0 } else { changing + 1 };
         seen = now;
         // A file rewritten at every check is read at the third.
-        if now != applied && (changing == 0 || changing >= 3) {
+        let trigger = if now != applied && (changing == 0 || changing >= 3) {
             (applied, changing) = (now, 0);
-            reload_in_background(&reload, &judge, &metrics, "file change").await;
-        }
+            retry = None;
+            "file change"
+        } else if now == applied && retry.is_some_and(|(due, _)| at >= due) {
+            // The refused version again, its wait over (never a newer one
+            // still being written: that waits for its stable check).
+            if metrics.last_reload_ok() {
+                // A SIGHUP applied a file since.
+                retry = None;
+                continue;
+            }
+            "file change, tried again"
+        } else {
+            continue;
+        };
+        let reloaded = reload_in_background(&reload, &judge, &metrics, trigger).await;
+        retry = (!reloaded).then(|| {
+            let wait = retry.map_or(every, |(_, wait)| (wait * 2).min(RELOAD_RETRY_MAX));
+            (at + wait, wait)
+        });
     }
 }
 

@@ -370,6 +370,11 @@ impl Metrics {
         self.last_reload_ok.set(i64::from(ok));
     }
 
+    /// Whether the last configuration reload succeeded (true before any).
+    pub fn last_reload_ok(&self) -> bool {
+        self.last_reload_ok.get() == 1
+    }
+
     /// Counts a drop and logs it, at most once per reason every ten
     /// seconds, with how many happened since the last line.
     pub fn dropped(&self, reason: DropReason, detail: &dyn std::fmt::Display) {

@@ -1053,6 +1053,38 @@ async fn a_watched_config_file_is_reloaded_when_it_changes() {
     assert_eq!(h.settle("w").await.event("w").body["rule"], "turns");
 }
 
+/// A watched file that is refused is tried again until it is applied,
+/// though the file does not change: here it names a CA file (in `nats`,
+/// applied at the next start but checked now) that appears only after the
+/// first try, as a certificate caught mid-rotation would pass a moment
+/// later. Before, the change waited for the next edit or a SIGHUP.
+#[tokio::test]
+async fn a_watched_file_that_was_refused_is_tried_again() {
+    let base = "[reload]\nwatch_seconds = 1\n[rules.depth]\nmax = 0\n";
+    let mut h = Harness::start(base).await;
+    let certs = tempfile::tempdir().unwrap();
+    let ca = certs.path().join("ca.pem");
+    std::fs::write(
+        h.loopguard.config_path(),
+        format!(
+            "{base}[rules.turns]\nmax = 1\n[nats.tls]\nca_file = {:?}\n",
+            ca.display().to_string()
+        ),
+    )
+    .unwrap();
+    h.loopguard
+        .until_logged("configuration reload failed", 1)
+        .await;
+    make_certs(certs.path());
+    h.loopguard.until_logged("configuration reloaded", 1).await;
+    assert!(h.loopguard.logs().contains("file change, tried again"));
+    h.send_json("w", "agent", "alice", support::msg("one"))
+        .await;
+    h.send_json("w", "agent", "bob", support::msg("two")).await;
+    let out = h.settle("w").await;
+    assert_eq!(out.field("w", "rule"), [json!(null), json!("turns")]);
+}
+
 /// The kubelet updates a mounted ConfigMap (the chart's, with
 /// `config.reload.watch_seconds`) by writing the new file into a directory
 /// of its own and swapping a `..data` link to it; the config path is a link
