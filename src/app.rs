@@ -533,7 +533,10 @@ async fn reload_on_change(
         let reloaded = reload_in_background(&reload, &judge, &metrics, trigger).await;
         retry = (!reloaded).then(|| {
             let wait = retry.map_or(every, |(_, wait)| (wait * 2).min(RELOAD_RETRY_MAX));
-            (at + wait, wait)
+            // From the refusal's end, not the tick, so a slow reload is
+            // not tried again at once; less half a check, so a quick one
+            // is tried again at the tick `wait` after this one.
+            (tokio::time::Instant::now() + wait - every / 2, wait)
         });
     }
 }
