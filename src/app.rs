@@ -536,7 +536,8 @@ async fn reload_on_change(
             // From the refusal's end, not the tick, so a slow reload is
             // not tried again at once; less half a check, so a quick one
             // is tried again at the tick `wait` after this one.
-            (tokio::time::Instant::now() + wait - every / 2, wait)
+            let due = tokio::time::Instant::now() + wait.saturating_sub(every / 2);
+            (due, wait)
         });
     }
 }
