@@ -7,7 +7,7 @@ CARGO ?= cargo
 # tests, the benchmarks and the PGO build all look at it.
 DEMO_LOG ?= target/demo-loopguard.log
 
-.PHONY: all build test test-alerts test-chart test-compose test-examples test-fuzz-build py-deps ts-deps demo release bench memory deps test-deps bench-deps lint fmt clean
+.PHONY: all build test test-alerts test-chart test-compose test-examples test-fuzz-build py-deps ts-deps go-agent demo release bench memory deps test-deps bench-deps lint fmt clean
 
 all: build
 
@@ -16,9 +16,9 @@ build:
 
 # What the demo needs (nats-server: Debian's package, 2.9.x, enough for core
 # NATS; see README), what the tests need besides (promtool from Debian's
-# prometheus package, npm, python3-venv, openssl, g++), and what the
-# benchmarks need besides (curl, python3). scripts/deps.sh installs what is
-# missing. Each test target asks for the tests' (so each runs alone, and
+# prometheus package, npm, python3-venv, openssl, g++, Go and nats.go), and
+# what the benchmarks need besides (curl, python3). scripts/deps.sh installs
+# what is missing. Each test target asks for the tests' (so each runs alone, and
 # none before the install under `make -j`).
 deps:
 	@scripts/deps.sh demo
@@ -59,11 +59,22 @@ test-chart: build py-deps
 test-compose: build py-deps
 	$(PYTHON) scripts/compose_test.py
 
-# The Python example agent against a real nats-server and loopguard.
-test-examples: build py-deps ts-deps
+# The example agents (Python, TypeScript, Go) against a real nats-server and
+# loopguard.
+test-examples: build py-deps ts-deps go-agent
 	cd examples/python && $(abspath $(PYTHON)) test_loop.py
 	cd examples/typescript && npm run --silent typecheck
 	cd examples/python && $(abspath $(PYTHON)) test_loop.py --typescript
+	cd examples/python && GO_AGENT=$(abspath $(GO_AGENT)) $(abspath $(PYTHON)) test_loop.py --go
+
+# The Go example, built against Debian's nats.go (GOPATH mode: this machine
+# reaches no Go module proxy; its go.mod is for users, who have one), after
+# gofmt and go vet.
+GO_AGENT := target/go-agent
+GO_ENV := GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE=$(abspath target/go-cache)
+go-agent: test-deps
+	cd examples/go && test -z "$$(gofmt -l .)" || { gofmt -l . >&2; echo "gofmt: the files above are not formatted" >&2; exit 1; }
+	cd examples/go && $(GO_ENV) go vet . && $(GO_ENV) go build -o $(abspath $(GO_AGENT)) .
 
 # The TypeScript example's packages, as its lock file pins them.
 ts-deps: test-deps examples/typescript/node_modules/.installed

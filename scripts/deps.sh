@@ -7,12 +7,15 @@
 #          chart test, and the TypeScript example's packages),
 #          python3-venv (the test tools go in target/py), openssl (the
 #          TLS tests make their certificates with it) and a C++ compiler
-#          (g++: the fuzz targets' check builds libFuzzer)
+#          (g++: the fuzz targets' check builds libFuzzer), and Go with
+#          Debian's nats.go (the Go example, built in GOPATH mode)
 #   bench: nats-server, curl and python3 (scripts/memory.sh, the report)
 set -euo pipefail
 need=${1:?usage: deps.sh demo|test|bench}
 
 missing=()
+# Where Debian's nats.go package puts the library (GOPATH layout).
+NATS_GO=/usr/share/gocode/src/github.com/nats-io/nats.go
 if [ -n "${NATS_SERVER:-}" ]; then
     command -v "$NATS_SERVER" >/dev/null || { echo "NATS_SERVER=$NATS_SERVER is not an executable" >&2; exit 1; }
 elif ! command -v nats-server >/dev/null && [ ! -x /usr/sbin/nats-server ]; then
@@ -24,6 +27,8 @@ if [ "$need" = test ]; then
     python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
     command -v openssl >/dev/null || missing+=(openssl)
     command -v c++ >/dev/null || missing+=(g++)
+    command -v go >/dev/null || missing+=(golang-go)
+    [ -d "$NATS_GO" ] || missing+=(golang-github-nats-io-go-nats-dev)
 fi
 if [ "$need" = bench ]; then
     command -v curl >/dev/null || missing+=(curl)
@@ -44,6 +49,8 @@ for package in "${missing[@]}"; do
         python3-venv) python3 -c 'import ensurepip, venv' 2>/dev/null ;;
         openssl) command -v openssl >/dev/null ;;
         g++) command -v c++ >/dev/null ;;
+        golang-go) command -v go >/dev/null ;;
+        golang-github-nats-io-go-nats-dev) [ -d "$NATS_GO" ] ;;
         curl) command -v curl >/dev/null ;;
         python3) command -v python3 >/dev/null ;;
     esac || { echo "$package is still missing" >&2; exit 1; }

@@ -1,7 +1,8 @@
 """`make test-examples`: naive agents against a real nats-server and a real
 loopguard, shown to be cut off when they loop: the Python agent of this
 directory, or, with `--typescript`, the TypeScript one of
-../typescript (run with tsx, as its README says).
+../typescript (run with tsx, as its README says), or, with `--go`, the Go
+one of ../go (built beforehand, its path in GO_AGENT).
 
 Two naive agents answer each other forever. The test starts them, lets a
 human start the conversation, and checks that loopguard rejects the message
@@ -26,6 +27,8 @@ LOOPGUARD = os.environ.get("LOOPGUARD_BIN", os.path.join(ROOT, "target", "debug"
 NATS_SERVER = os.environ.get("NATS_SERVER") or next(
     (p for p in ("/usr/sbin/nats-server", "/usr/bin/nats-server") if os.path.exists(p)), "nats-server"
 )
+# The flag that picks an agent other than this directory's Python one.
+LANGUAGES = {"--typescript": "TypeScript", "--go": "Go"}
 # The whole scenario: loopguard's start, the agents' (two cold tsx starts
 # with --typescript) and the conversation, on a loaded CI machine.
 TIMEOUT = 60
@@ -46,7 +49,7 @@ async def nats_url(proc, tmp):
 
 
 async def main():
-    typescript = "--typescript" in sys.argv[1:]
+    language = next((LANGUAGES[a] for a in sys.argv[1:] if a in LANGUAGES), "Python")
     with tempfile.TemporaryDirectory() as tmp:
         nats_proc = subprocess.Popen([NATS_SERVER, "-a", "127.0.0.1", "-p", "-1", "--ports_file_dir", tmp],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -59,7 +62,7 @@ async def main():
                        LOOPGUARD__RULES__DEPTH__MAX="6")
             guard = subprocess.Popen([LOOPGUARD], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
-                await asyncio.wait_for(scenario(url, typescript), TIMEOUT)
+                await asyncio.wait_for(scenario(url, language), TIMEOUT)
             finally:
                 guard.terminate()
                 try:
@@ -71,7 +74,6 @@ async def main():
             nats_proc.terminate()
             nats_proc.wait(TIMEOUT)
         assert guard.returncode == 0, f"loopguard exited {guard.returncode} on SIGTERM"
-    language = "TypeScript" if typescript else "Python"
     print(f"{language} example: the looping agents were cut off by loopguard")
 
 
@@ -89,10 +91,23 @@ async def python_agents(url):
     return stop
 
 
-async def typescript_agents(url):
-    """The two agents as tsx processes, each subscribed and joined once it
-    prints its first line; a function that stops them."""
+def typescript_agent(url, name, peer):
+    """How to start the TypeScript agent: with tsx, in its directory."""
     here = os.path.join(ROOT, "examples", "typescript")
+    return [os.path.join(here, "node_modules", ".bin", "tsx"), "agent.ts",
+            "--url", url, "--world", "PyLoop", "--name", name, "--peer", peer], here
+
+
+def go_agent(url, name, peer):
+    """How to start the Go agent: the binary `make test-examples` built."""
+    binary = os.environ.get("GO_AGENT") or os.path.join(ROOT, "target", "go-agent")
+    return [binary, "-url", url, "-world", "PyLoop", "-name", name, "-peer", peer], None
+
+
+async def process_agents(url, command):
+    """The two agents as processes (`command(url, name, peer)` says how to
+    start one), each subscribed and joined once it prints its first line;
+    a function that stops them."""
     procs = []
 
     async def stop():
@@ -102,12 +117,11 @@ async def typescript_agents(url):
 
     # Names as a person might type them (see `python_agents`).
     for name, peer in (("Alice", "Bob"), ("Bob", "Alice")):
-        # In a session of its own: tsx runs the agent in a child node
-        # process, and stopping the session stops both.
+        argv, cwd = command(url, name, peer)
+        # In a session of its own: tsx runs the TypeScript agent in a child
+        # node process, and stopping the session stops both.
         proc = await asyncio.create_subprocess_exec(
-            os.path.join(here, "node_modules", ".bin", "tsx"), "agent.ts",
-            "--url", url, "--world", "PyLoop", "--name", name, "--peer", peer,
-            cwd=here, stdout=asyncio.subprocess.PIPE, start_new_session=True)
+            *argv, cwd=cwd, stdout=asyncio.subprocess.PIPE, start_new_session=True)
         procs.append(proc)
         line = await proc.stdout.readline()
         if b"listening" not in line:
@@ -116,7 +130,11 @@ async def typescript_agents(url):
     return stop
 
 
-async def scenario(url, typescript):
+# How to start each agent that runs as a process of its own.
+AGENTS = {"TypeScript": typescript_agent, "Go": go_agent}
+
+
+async def scenario(url, language):
     nc = await nats.connect(url)
     events = asyncio.Queue()
     delivered = [0]  # copies that reached an agent's inbox
@@ -156,7 +174,10 @@ async def scenario(url, typescript):
             pass
     seen.clear()
 
-    stop = await (typescript_agents(url) if typescript else python_agents(url))
+    if language == "Python":
+        stop = await python_agents(url)
+    else:
+        stop = await process_agents(url, AGENTS[language])
     try:
         await barrier("joined")
         seen.clear()

@@ -1,0 +1,153 @@
+// A naive agent in Go (nats.go), behind loopguard.
+//
+// It reads its inbox and answers its peer, forever; loopguard stops the loop
+// at the bus. The only loopguard-specific lines are the subjects:
+//
+//	publish to   chat.raw.<world>.agent.<name>   (its raw output)
+//	read from    chat.private.<world>.<name>     (what it should act on)
+//	announce on  chat.join.<world>.<name>        (puts it on the roster)
+//
+// (`chat` is loopguard's `nats.prefix`: -prefix when it runs with another.)
+//
+//	go mod tidy && go run . -world demo -name alice -peer bob
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// loopguard forgets an agent that only listens after `state.idle_seconds`
+// (an hour by default), and all of its roster on a restart: the agent joins
+// again this often, and whenever its connection comes back.
+const joinEvery = 10 * time.Minute
+
+// Message is what loopguard delivers (docs/CONTRACT.md §4); fields this
+// agent does not read are left out.
+type Message struct {
+	ID         string `json:"id"`
+	Content    string `json:"content"`
+	Sender     string `json:"sender"`
+	SenderKind string `json:"sender_kind"`
+	ThreadID   string `json:"thread_id"`
+	Depth      int    `json:"depth"`
+	Visibility string `json:"visibility"`
+}
+
+// Reply is what the agent publishes: its content, and the message it
+// answers, so loopguard counts the reply chain's depth.
+type Reply struct {
+	Content  string `json:"content"`
+	ParentID string `json:"parent_id"`
+}
+
+var nameRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// canonical is a world or agent name as loopguard reads it (contract §1): it
+// lowercases the token, which must then be 1-64 of a-z, 0-9, _ and -.
+// Inboxes are named in that form, and NATS subjects are case-sensitive, so
+// an agent started as "Alice" would listen on an inbox loopguard never
+// writes to.
+func canonical(flagName, name string) string {
+	if !nameRe.MatchString(name) {
+		log.Fatalf("-%s %q: a name is 1-64 of a-z, 0-9, '_' and '-'", flagName, name)
+	}
+	return strings.ToLower(name)
+}
+
+func main() {
+	log.SetFlags(0)
+	url := flag.String("url", "nats://127.0.0.1:4222", "NATS server URL")
+	worldFlag := flag.String("world", "demo", "world (conversation) to speak in")
+	nameFlag := flag.String("name", "", "this agent's name (required)")
+	peerFlag := flag.String("peer", "", "the agent to answer (required)")
+	prefix := flag.String("prefix", "chat", "loopguard's nats.prefix")
+	flag.Parse()
+	if *nameFlag == "" || *peerFlag == "" {
+		log.Fatal("-name and -peer are required")
+	}
+	world := canonical("world", *worldFlag)
+	name := canonical("name", *nameFlag)
+	peer := canonical("peer", *peerFlag)
+
+	raw := fmt.Sprintf("%s.raw.%s.agent.%s", *prefix, world, name)
+	join := fmt.Sprintf("%s.join.%s.%s", *prefix, world, name)
+	inbox := fmt.Sprintf("%s.private.%s.%s", *prefix, world, name)
+
+	closed := make(chan struct{})
+	nc, err := nats.Connect(*url,
+		nats.Name("loopguard-example-"+name),
+		nats.MaxReconnects(-1),
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			// loopguard may have restarted meanwhile, its roster empty.
+			_ = nc.Publish(join, nil)
+		}))
+	if err != nil {
+		log.Fatalf("%s: cannot connect to %s: %v", name, *url, err)
+	}
+	messages := make(chan *nats.Msg, 256)
+	if _, err := nc.ChanSubscribe(inbox, messages); err != nil {
+		log.Fatalf("%s: cannot subscribe to %s: %v", name, inbox, err)
+	}
+	if err := nc.Publish(join, nil); err != nil {
+		log.Fatalf("%s: cannot join: %v", name, err)
+	}
+	// The server holds the subscription and has the join once this returns.
+	if err := nc.Flush(); err != nil {
+		log.Fatalf("%s: %v", name, err)
+	}
+	fmt.Printf("%s: listening on %s, publishing to %s\n", name, inbox, raw)
+
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGINT, syscall.SIGTERM)
+	rejoin := time.NewTicker(joinEvery)
+	defer rejoin.Stop()
+	n := 0
+	for {
+		select {
+		case m := <-messages:
+			var message Message
+			if err := json.Unmarshal(m.Data, &message); err != nil {
+				log.Printf("%s: not a loopguard message on %s: %v", name, m.Subject, err)
+				continue
+			}
+			n++
+			// The first 60 characters, not bytes: a cut through a
+			// multi-byte character would send invalid UTF-8, which
+			// loopguard rejects.
+			quoted := []rune(message.Content)
+			if len(quoted) > 60 {
+				quoted = quoted[:60]
+			}
+			reply, _ := json.Marshal(Reply{
+				Content:  fmt.Sprintf("@%s %s replies (#%d) to: %s", peer, name, n, string(quoted)),
+				ParentID: message.ID,
+			})
+			if err := nc.Publish(raw, reply); err != nil {
+				log.Printf("%s: cannot publish: %v", name, err)
+			}
+		case <-rejoin.C:
+			_ = nc.Publish(join, nil)
+		case <-stop:
+			// Drain returns at once; the connection closes once what is
+			// published has reached the server.
+			if err := nc.Drain(); err != nil {
+				log.Printf("%s: %v", name, err)
+				return
+			}
+			<-closed
+			return
+		}
+	}
+}
