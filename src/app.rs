@@ -57,6 +57,12 @@ pub type Reload = Box<dyn Fn() -> Result<Settings, crate::config::ConfigError> +
 pub struct Reloader {
     pub load: Reload,
     pub path: Option<std::path::PathBuf>,
+    /// The file's [`FileStamp`] read just before the running configuration
+    /// was loaded from it: the watch applies any change since, one made
+    /// while loopguard was starting too.
+    pub loaded: Option<FileStamp>,
+    /// SIGHUP, listened for since before [`run`] began.
+    pub hangup: crate::shutdown::Hangup,
 }
 
 /// Runs loopguard until `stop` resolves, then shuts down gracefully. With
@@ -72,16 +78,26 @@ pub async fn run(
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let judge = Arc::new(Judge::new(settings.clone(), clock.clone(), metrics.clone()));
 
-    // Reloads first: from here on a SIGHUP reloads rather than kills.
-    if let Some(Reloader { load, path }) = reload {
+    #[cfg(debug_assertions)]
+    crate::fault::slow_start().await;
+
+    // Reloads first (a SIGHUP that came since `Hangup::listen` reloads now).
+    if let Some(Reloader {
+        load,
+        path,
+        loaded,
+        hangup,
+    }) = reload
+    {
         let load = Arc::new(load);
-        reload_on_sighup(load.clone(), judge.clone(), metrics.clone());
+        reload_on_sighup(hangup, load.clone(), judge.clone(), metrics.clone());
         let every = config.reload.watch_seconds;
         match (path, every > 0) {
             (Some(path), true) => {
                 tokio::spawn(reload_on_change(
                     load,
                     path,
+                    loaded,
                     Duration::from_secs(every),
                     judge.clone(),
                     metrics.clone(),
@@ -496,13 +512,14 @@ const RELOAD_RETRY_MAX: Duration = Duration::from_secs(300);
 async fn reload_on_change(
     reload: Arc<Reload>,
     path: std::path::PathBuf,
+    loaded: Option<FileStamp>,
     every: Duration,
     judge: Arc<Judge>,
     metrics: Metrics,
 ) {
     let stamp =
         async |p: &std::path::Path| tokio::fs::metadata(p).await.ok().map(|m| file_stamp(&m));
-    let mut applied = stamp(&path).await;
+    let mut applied = loaded;
     let (mut seen, mut changing) = (applied, 0);
     // When to try a refused file again, and how long that wait was.
     let mut retry: Option<(tokio::time::Instant, Duration)> = None;
@@ -546,7 +563,17 @@ async fn reload_on_change(
 /// modification time and size, and on Unix which file it is and when its
 /// inode last changed. A link swapped to another file of the same size and
 /// modification time (an archive keeps whole seconds) is a change too.
-fn file_stamp(m: &std::fs::Metadata) -> (Option<std::time::SystemTime>, u64, [i64; 4]) {
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct FileStamp(Option<std::time::SystemTime>, u64, [i64; 4]);
+
+impl FileStamp {
+    /// The stamp of the file at `path` now (`None` if it cannot be read).
+    pub fn of(path: &std::path::Path) -> Option<FileStamp> {
+        std::fs::metadata(path).ok().map(|m| file_stamp(&m))
+    }
+}
+
+fn file_stamp(m: &std::fs::Metadata) -> FileStamp {
     #[cfg(unix)]
     let identity = {
         use std::os::unix::fs::MetadataExt;
@@ -556,30 +583,23 @@ fn file_stamp(m: &std::fs::Metadata) -> (Option<std::time::SystemTime>, u64, [i6
     };
     #[cfg(not(unix))]
     let identity = [0; 4];
-    (m.modified().ok(), m.len(), identity)
+    FileStamp(m.modified().ok(), m.len(), identity)
 }
 
-/// Applies a new configuration on every SIGHUP, listening from this call on
-/// (until then a SIGHUP's default action would end the process).
-fn reload_on_sighup(reload: Arc<Reload>, judge: Arc<Judge>, metrics: Metrics) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut hup = match signal(SignalKind::hangup()) {
-            Ok(hup) => hup,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGHUP; live reload is off");
-                return;
-            }
-        };
-        tokio::spawn(async move {
-            while hup.recv().await.is_some() {
-                reload_in_background(&reload, &judge, &metrics, "SIGHUP").await;
-            }
-        });
-    }
-    #[cfg(not(unix))]
-    let _ = (reload, judge, metrics);
+/// Applies a new configuration on every SIGHUP (one that came while
+/// loopguard was starting too: `hangup` kept it).
+fn reload_on_sighup(
+    mut hangup: crate::shutdown::Hangup,
+    reload: Arc<Reload>,
+    judge: Arc<Judge>,
+    metrics: Metrics,
+) {
+    tokio::spawn(async move {
+        loop {
+            hangup.recv().await;
+            reload_in_background(&reload, &judge, &metrics, "SIGHUP").await;
+        }
+    });
 }
 
 /// Where messages come from.

@@ -45,3 +45,14 @@ fn millis(cell: &'static OnceLock<Option<Duration>>, var: &str) -> Option<Durati
             .map(Duration::from_millis)
     })
 }
+
+/// Holds up loopguard's start for `LOOPGUARD_TEST_SLOW_START_MS`, after the
+/// configuration is loaded and before reloads are set up, as a slow start
+/// would (logged, so a test knows when it is held).
+pub async fn slow_start() {
+    static SLOW: OnceLock<Option<Duration>> = OnceLock::new();
+    if let Some(slow) = millis(&SLOW, "LOOPGUARD_TEST_SLOW_START_MS") {
+        tracing::warn!(ms = slow.as_millis() as u64, "test fault: start held");
+        tokio::time::sleep(slow).await;
+    }
+}

@@ -58,6 +58,11 @@ fn init_format(log: &loopguard::config::LogConfig, filter: tracing_subscriber::E
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    // Read before the file is: the watch applies any change from here on.
+    let stamp = args
+        .config
+        .as_deref()
+        .and_then(loopguard::app::FileStamp::of);
     let loaded =
         loopguard::config::environment().and_then(|env| Config::load(args.config.as_deref(), env));
     let settings = match loaded {
@@ -92,15 +97,20 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Listening first: a signal during start-up is handled, not fatal.
+    let (mut signals, hangup) = {
+        let _runtime = runtime.enter();
+        (
+            loopguard::shutdown::Signals::listen(),
+            loopguard::shutdown::Hangup::listen(),
+        )
+    };
     let path = args.config.clone();
     let reload = loopguard::app::Reloader {
         load: Box::new(move || Config::load(path.as_deref(), loopguard::config::environment()?)),
         path: args.config.clone(),
-    };
-    // Listening first: a signal during start-up is handled, not fatal.
-    let mut signals = {
-        let _runtime = runtime.enter();
-        loopguard::shutdown::Signals::listen()
+        loaded: stamp,
+        hangup,
     };
     let result = runtime.block_on(loopguard::app::run(
         settings,

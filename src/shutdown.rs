@@ -1,4 +1,5 @@
-//! Shutdown signals: SIGTERM (how orchestrators stop us) and SIGINT (Ctrl-C).
+//! Signals: SIGTERM (how orchestrators stop us) and SIGINT (Ctrl-C) stop
+//! loopguard; SIGHUP reloads its configuration.
 
 /// Listens for SIGTERM and SIGINT from the moment it is made (within the
 /// runtime), so a signal that comes while loopguard is still starting, before
@@ -56,5 +57,44 @@ impl Signals {
             let _ = tokio::signal::ctrl_c().await;
             "SIGINT"
         }
+    }
+}
+
+/// Listens for SIGHUP from the moment it is made (within the runtime), as
+/// [`Signals`] does for the stop signals: one that comes while loopguard is
+/// still starting is kept, and reloads once reloads are set up, rather than
+/// taking the default action (the process ended).
+pub struct Hangup {
+    #[cfg(unix)]
+    hup: Option<tokio::signal::unix::Signal>,
+}
+
+impl Hangup {
+    /// Must be called within the runtime.
+    pub fn listen() -> Hangup {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let hup = signal(SignalKind::hangup())
+                .inspect_err(|e| {
+                    tracing::warn!(error = %e, "cannot listen for SIGHUP; live reload is off");
+                })
+                .ok();
+            Hangup { hup }
+        }
+        #[cfg(not(unix))]
+        Hangup {}
+    }
+
+    /// Resolves at the next SIGHUP (at once for one that came since the
+    /// last call, or since [`Hangup::listen`]); never where there is none.
+    pub async fn recv(&mut self) {
+        #[cfg(unix)]
+        if let Some(hup) = &mut self.hup {
+            if hup.recv().await.is_some() {
+                return;
+            }
+        }
+        std::future::pending().await
     }
 }

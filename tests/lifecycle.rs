@@ -1053,6 +1053,54 @@ async fn a_watched_config_file_is_reloaded_when_it_changes() {
     assert_eq!(h.settle("w").await.event("w").body["rule"], "turns");
 }
 
+/// A change to the config file made while loopguard is still starting,
+/// after it read the file and before its watch began, is applied: the
+/// watch compares the file with the version loopguard loaded, not with
+/// the one it finds when it begins. Before, the change waited for the
+/// next edit.
+#[tokio::test]
+async fn a_config_change_made_during_start_up_is_applied_by_the_watch() {
+    let toml = |turns: u32| {
+        format!(
+            "[reload]\nwatch_seconds = 1\n[rules.turns]\nmax = {turns}\n[rules.depth]\nmax = 0\n"
+        )
+    };
+    let nats = NatsServer::start();
+    let held = [("LOOPGUARD_TEST_SLOW_START_MS", "1500")];
+    let loopguard = Loopguard::spawn_env(&nats.url(), &toml(5), &held);
+    loopguard.until_logged("test fault: start held", 1).await;
+    std::fs::write(loopguard.config_path(), toml(1)).unwrap();
+    let mut h = Harness::around(nats, loopguard).await;
+    h.loopguard.until_logged("configuration reloaded", 1).await;
+    h.send_json("w", "agent", "alice", support::msg("one"))
+        .await;
+    h.send_json("w", "agent", "bob", support::msg("two")).await;
+    let out = h.settle("w").await;
+    assert_eq!(out.field("w", "rule"), [json!(null), json!("turns")]);
+}
+
+/// A SIGHUP that comes while loopguard is still starting reloads once it
+/// can, rather than ending the process (SIGHUP's default action), which it
+/// did until the reload was set up.
+#[tokio::test]
+async fn a_sighup_during_start_up_reloads_once_loopguard_can() {
+    let toml = |turns: u32| format!("[rules.turns]\nmax = {turns}\n[rules.depth]\nmax = 0\n");
+    let nats = NatsServer::start();
+    let held = [("LOOPGUARD_TEST_SLOW_START_MS", "1000")];
+    let loopguard = Loopguard::spawn_env(&nats.url(), &toml(5), &held);
+    loopguard.until_logged("test fault: start held", 1).await;
+    std::fs::write(loopguard.config_path(), toml(1)).unwrap();
+    loopguard.signal("HUP");
+    let mut h = Harness::around(nats, loopguard).await;
+    h.loopguard.until_logged("configuration reloaded", 1).await;
+    assert!(h.loopguard.logs().contains("trigger=\"SIGHUP\""));
+    h.send_json("w", "agent", "alice", support::msg("one"))
+        .await;
+    h.send_json("w", "agent", "bob", support::msg("two")).await;
+    let out = h.settle("w").await;
+    assert_eq!(out.field("w", "rule"), [json!(null), json!("turns")]);
+}
+
 /// A watched file that is refused is tried again until it is applied,
 /// though the file does not change: here it names a CA file (in `nats`,
 /// applied at the next start but checked now) that appears only after the

@@ -474,6 +474,12 @@ impl Harness {
     /// Like [`Harness::start`], on a server started by the caller.
     pub async fn start_on(nats: NatsServer, extra_toml: &str) -> Harness {
         let loopguard = Loopguard::spawn(&nats.url(), extra_toml);
+        Harness::around(nats, loopguard).await
+    }
+
+    /// Like [`Harness::start`], around a server and a loopguard started by
+    /// the caller.
+    pub async fn around(nats: NatsServer, loopguard: Loopguard) -> Harness {
         let client = within("test client", async_nats::connect(nats.url()))
             .await
             .expect("test client connects");
