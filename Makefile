@@ -71,7 +71,7 @@ test-examples: build py-deps ts-deps go-agent
 # reaches no Go module proxy; its go.mod is for users, who have one), after
 # gofmt and go vet.
 GO_AGENT := target/go-agent
-GO_ENV := GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE=$(abspath target/go-cache)
+GO_ENV := GOFLAGS= GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE=$(abspath target/go-cache)
 go-agent: test-deps
 	cd examples/go && test -z "$$(gofmt -l .)" || { gofmt -l . >&2; echo "gofmt: the files above are not formatted" >&2; exit 1; }
 	cd examples/go && $(GO_ENV) go vet . && $(GO_ENV) go build -o $(abspath $(GO_AGENT)) .

@@ -58,11 +58,19 @@ var nameRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // Inboxes are named in that form, and NATS subjects are case-sensitive, so
 // an agent started as "Alice" would listen on an inbox loopguard never
 // writes to.
-func canonical(flagName, name string) string {
+func canonical(flagName, name string) (string, error) {
 	if !nameRe.MatchString(name) {
-		log.Fatalf("-%s %q: a name is 1-64 of a-z, 0-9, '_' and '-'", flagName, name)
+		return "", fmt.Errorf("-%s %q: a name is 1-64 of a-z, 0-9, '_' and '-'", flagName, name)
 	}
-	return strings.ToLower(name)
+	return strings.ToLower(name), nil
+}
+
+// usage reports a bad command line as the flag package does: the message,
+// the usage, exit status 2.
+func usage(err error) {
+	fmt.Fprintln(flag.CommandLine.Output(), err)
+	flag.Usage()
+	os.Exit(2)
 }
 
 func main() {
@@ -73,12 +81,22 @@ func main() {
 	peerFlag := flag.String("peer", "", "the agent to answer (required)")
 	prefix := flag.String("prefix", "chat", "loopguard's nats.prefix")
 	flag.Parse()
-	if *nameFlag == "" || *peerFlag == "" {
-		log.Fatal("-name and -peer are required")
+	if flag.NArg() > 0 {
+		usage(fmt.Errorf("unexpected arguments: %q", flag.Args()))
 	}
-	world := canonical("world", *worldFlag)
-	name := canonical("name", *nameFlag)
-	peer := canonical("peer", *peerFlag)
+	if *nameFlag == "" || *peerFlag == "" {
+		usage(fmt.Errorf("-name and -peer are required"))
+	}
+	mustName := func(flagName, value string) string {
+		n, err := canonical(flagName, value)
+		if err != nil {
+			usage(err)
+		}
+		return n
+	}
+	world := mustName("world", *worldFlag)
+	name := mustName("name", *nameFlag)
+	peer := mustName("peer", *peerFlag)
 
 	raw := fmt.Sprintf("%s.raw.%s.agent.%s", *prefix, world, name)
 	join := fmt.Sprintf("%s.join.%s.%s", *prefix, world, name)
@@ -123,9 +141,9 @@ func main() {
 				continue
 			}
 			n++
-			// The first 60 characters, not bytes: a cut through a
-			// multi-byte character would send invalid UTF-8, which
-			// loopguard rejects.
+			// The first 60 characters, not bytes, as the other
+			// examples quote (a cut through a multi-byte character would
+			// leave a replacement character where json.Marshal met it).
 			quoted := []rune(message.Content)
 			if len(quoted) > 60 {
 				quoted = quoted[:60]
@@ -139,9 +157,16 @@ func main() {
 			}
 		case <-rejoin.C:
 			_ = nc.Publish(join, nil)
+		case <-closed:
+			// The server ended the connection for good (an error it
+			// will not reconnect after): an agent that cannot hear.
+			log.Fatalf("%s: connection closed: %v", name, nc.LastError())
 		case <-stop:
+			// A second signal takes its default action: ends at once.
+			signal.Stop(stop)
 			// Drain returns at once; the connection closes once what is
-			// published has reached the server.
+			// published has reached the server (within its 30 s drain
+			// timeout). Messages still in `messages` are dropped.
 			if err := nc.Drain(); err != nil {
 				log.Printf("%s: %v", name, err)
 				return

@@ -10,7 +10,9 @@ that makes the reply chain too deep, that nothing reaches an inbox after it
 (proved with a barrier through the same world, not with a sleep), and that
 every other message was delivered.
 """
+import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -27,11 +29,11 @@ LOOPGUARD = os.environ.get("LOOPGUARD_BIN", os.path.join(ROOT, "target", "debug"
 NATS_SERVER = os.environ.get("NATS_SERVER") or next(
     (p for p in ("/usr/sbin/nats-server", "/usr/bin/nats-server") if os.path.exists(p)), "nats-server"
 )
-# The flag that picks an agent other than this directory's Python one.
-LANGUAGES = {"--typescript": "TypeScript", "--go": "Go"}
 # The whole scenario: loopguard's start, the agents' (two cold tsx starts
 # with --typescript) and the conversation, on a loaded CI machine.
 TIMEOUT = 60
+# How long an agent has to end once asked to (SIGTERM) before it is killed.
+STOP_TIMEOUT = 10
 
 
 async def nats_url(proc, tmp):
@@ -49,7 +51,12 @@ async def nats_url(proc, tmp):
 
 
 async def main():
-    language = next((LANGUAGES[a] for a in sys.argv[1:] if a in LANGUAGES), "Python")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--typescript", action="store_true", help="run the TypeScript agent")
+    which.add_argument("--go", action="store_true", help="run the Go agent (GO_AGENT: its binary)")
+    args = parser.parse_args()
+    language = "TypeScript" if args.typescript else "Go" if args.go else "Python"
     with tempfile.TemporaryDirectory() as tmp:
         nats_proc = subprocess.Popen([NATS_SERVER, "-a", "127.0.0.1", "-p", "-1", "--ports_file_dir", tmp],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -92,32 +99,50 @@ async def python_agents(url):
 
 
 def typescript_agent(url, name, peer):
-    """How to start the TypeScript agent: with tsx, in its directory."""
+    """How to start the TypeScript agent: with tsx, in its directory. Its
+    exit status on SIGTERM is not checked: it has no handler for it."""
     here = os.path.join(ROOT, "examples", "typescript")
     return [os.path.join(here, "node_modules", ".bin", "tsx"), "agent.ts",
-            "--url", url, "--world", "PyLoop", "--name", name, "--peer", peer], here
+            "--url", url, "--world", "PyLoop", "--name", name, "--peer", peer], here, False
 
 
 def go_agent(url, name, peer):
-    """How to start the Go agent: the binary `make test-examples` built."""
+    """How to start the Go agent: the binary `make test-examples` built.
+    On SIGTERM it drains its connection and exits 0."""
     binary = os.environ.get("GO_AGENT") or os.path.join(ROOT, "target", "go-agent")
-    return [binary, "-url", url, "-world", "PyLoop", "-name", name, "-peer", peer], None
+    return [binary, "-url", url, "-world", "PyLoop", "-name", name, "-peer", peer], None, True
 
 
 async def process_agents(url, command):
     """The two agents as processes (`command(url, name, peer)` says how to
-    start one), each subscribed and joined once it prints its first line;
-    a function that stops them."""
+    start one, and whether it exits 0 on SIGTERM), each subscribed and
+    joined once it prints its first line; a function that stops them."""
     procs = []
+    drains = False
 
     async def stop():
+        # The group may be gone already (an agent that crashed): the
+        # return code below tells of it.
         for proc in procs:
-            os.killpg(proc.pid, signal.SIGTERM)
-            await proc.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        hung = []
+        for proc in procs:
+            try:
+                await asyncio.wait_for(proc.wait(), STOP_TIMEOUT)
+            except asyncio.TimeoutError:
+                hung.append(proc.pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+        assert not hung, f"agents {hung} did not end within {STOP_TIMEOUT} s of SIGTERM"
+        if drains:
+            codes = [proc.returncode for proc in procs]
+            assert codes == [0] * len(procs), f"agents exited {codes} on SIGTERM"
 
     # Names as a person might type them (see `python_agents`).
     for name, peer in (("Alice", "Bob"), ("Bob", "Alice")):
-        argv, cwd = command(url, name, peer)
+        argv, cwd, drains = command(url, name, peer)
         # In a session of its own: tsx runs the TypeScript agent in a child
         # node process, and stopping the session stops both.
         proc = await asyncio.create_subprocess_exec(
