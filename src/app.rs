@@ -52,16 +52,20 @@ pub enum AppError {
 /// Re-reads the configuration (same file, same environment) on SIGHUP.
 pub type Reload = Box<dyn Fn() -> Result<Settings, crate::config::ConfigError> + Send + Sync>;
 
-/// How to reload: the loader, and the file to watch when
-/// `reload.watch_seconds` asks for it.
+/// How to reload: on SIGHUP and, when `reload.watch_seconds` asks for it,
+/// when the config file changes.
 pub struct Reloader {
+    /// Loads the configuration again, as at start.
     pub load: Reload,
+    /// The config file (`--config`), to watch; none, none watched.
     pub path: Option<std::path::PathBuf>,
     /// The file's [`FileStamp`] read just before the running configuration
-    /// was loaded from it: the watch applies any change since, one made
-    /// while loopguard was starting too.
+    /// was loaded from it (so taken first: the order is the point): the
+    /// watch applies any change since, one made while loopguard was
+    /// starting too.
     pub loaded: Option<FileStamp>,
-    /// SIGHUP, listened for since before [`run`] began.
+    /// SIGHUP, listened for since before [`run`] began: one sent in
+    /// between is kept, and reloads once the reloads are set up.
     pub hangup: crate::shutdown::Hangup,
 }
 
@@ -79,7 +83,7 @@ pub async fn run(
     let judge = Arc::new(Judge::new(settings.clone(), clock.clone(), metrics.clone()));
 
     #[cfg(debug_assertions)]
-    crate::fault::slow_start().await;
+    crate::fault::hold_start().await;
 
     // Reloads first (a SIGHUP that came since `Hangup::listen` reloads now).
     if let Some(Reloader {
@@ -501,7 +505,7 @@ async fn reload_in_background(
 const RELOAD_RETRY_MAX: Duration = Duration::from_secs(300);
 
 /// Reloads when the file's modification time, size or identity changes
-/// (see [`file_stamp`]), once the change has stood for a whole check: a
+/// (see [`FileStamp`]), once the change has stood for a whole check: a
 /// file written in place (truncated, then filled) is not read half-written,
 /// when an empty or cut file may still parse, as all defaults. A version of
 /// the file that was refused is tried again, at waits that double from one
@@ -573,6 +577,7 @@ impl FileStamp {
     }
 }
 
+/// The stamp of the file `m` describes.
 fn file_stamp(m: &std::fs::Metadata) -> FileStamp {
     #[cfg(unix)]
     let identity = {

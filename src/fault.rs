@@ -36,6 +36,22 @@ pub fn slow_handler() {
     }
 }
 
+/// Holds up loopguard's start, after the configuration is loaded and
+/// before reloads are set up, until the file `LOOPGUARD_TEST_HOLD_START`
+/// names exists (at most a minute), and says so in the log: a test then
+/// acts inside that window for certain, which is otherwise a few
+/// microseconds.
+pub async fn hold_start() {
+    let Some(release) = std::env::var_os("LOOPGUARD_TEST_HOLD_START") else {
+        return;
+    };
+    tracing::warn!(release = ?release, "test fault: start held");
+    let until = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !std::path::Path::new(&release).exists() && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The milliseconds `var` gives, read into `cell` the first time.
 fn millis(cell: &'static OnceLock<Option<Duration>>, var: &str) -> Option<Duration> {
     *cell.get_or_init(|| {
@@ -44,15 +60,4 @@ fn millis(cell: &'static OnceLock<Option<Duration>>, var: &str) -> Option<Durati
             .and_then(|ms| ms.parse().ok())
             .map(Duration::from_millis)
     })
-}
-
-/// Holds up loopguard's start for `LOOPGUARD_TEST_SLOW_START_MS`, after the
-/// configuration is loaded and before reloads are set up, as a slow start
-/// would (logged, so a test knows when it is held).
-pub async fn slow_start() {
-    static SLOW: OnceLock<Option<Duration>> = OnceLock::new();
-    if let Some(slow) = millis(&SLOW, "LOOPGUARD_TEST_SLOW_START_MS") {
-        tracing::warn!(ms = slow.as_millis() as u64, "test fault: start held");
-        tokio::time::sleep(slow).await;
-    }
 }

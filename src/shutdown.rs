@@ -77,7 +77,10 @@ impl Hangup {
             use tokio::signal::unix::{signal, SignalKind};
             let hup = signal(SignalKind::hangup())
                 .inspect_err(|e| {
-                    tracing::warn!(error = %e, "cannot listen for SIGHUP; live reload is off");
+                    tracing::warn!(
+                        error = %e,
+                        "cannot listen for SIGHUP: one will end loopguard, not reload it"
+                    );
                 })
                 .ok();
             Hangup { hup }

@@ -1053,6 +1053,29 @@ async fn a_watched_config_file_is_reloaded_when_it_changes() {
     assert_eq!(h.settle("w").await.event("w").body["rule"], "turns");
 }
 
+/// A loopguard held at the start of its run (after it loaded its
+/// configuration, before its reloads are set up) until released.
+struct HeldAtStart {
+    _dir: tempfile::TempDir,
+    release: std::path::PathBuf,
+}
+
+impl HeldAtStart {
+    /// Starts loopguard with `toml`, and waits until it is held.
+    async fn spawn(nats: &NatsServer, toml: &str) -> (Loopguard, HeldAtStart) {
+        let dir = tempfile::tempdir().unwrap();
+        let release = dir.path().join("release");
+        let env = [("LOOPGUARD_TEST_HOLD_START", &release)];
+        let loopguard = Loopguard::spawn_env(&nats.url(), toml, &env);
+        loopguard.until_logged("test fault: start held", 1).await;
+        (loopguard, HeldAtStart { _dir: dir, release })
+    }
+
+    fn release(&self) {
+        std::fs::write(&self.release, "").unwrap();
+    }
+}
+
 /// A change to the config file made while loopguard is still starting,
 /// after it read the file and before its watch began, is applied: the
 /// watch compares the file with the version loopguard loaded, not with
@@ -1060,16 +1083,18 @@ async fn a_watched_config_file_is_reloaded_when_it_changes() {
 /// next edit.
 #[tokio::test]
 async fn a_config_change_made_during_start_up_is_applied_by_the_watch() {
-    let toml = |turns: u32| {
-        format!(
-            "[reload]\nwatch_seconds = 1\n[rules.turns]\nmax = {turns}\n[rules.depth]\nmax = 0\n"
-        )
-    };
     let nats = NatsServer::start();
-    let held = [("LOOPGUARD_TEST_SLOW_START_MS", "1500")];
-    let loopguard = Loopguard::spawn_env(&nats.url(), &toml(5), &held);
-    loopguard.until_logged("test fault: start held", 1).await;
-    std::fs::write(loopguard.config_path(), toml(1)).unwrap();
+    let (loopguard, held) = HeldAtStart::spawn(
+        &nats,
+        "[reload]\nwatch_seconds = 1\n[rules.turns]\nmax = 5\n[rules.depth]\nmax = 0\n",
+    )
+    .await;
+    std::fs::write(
+        loopguard.config_path(),
+        "[reload]\nwatch_seconds = 1\n# tightened\n[rules.turns]\nmax = 1\n[rules.depth]\nmax = 0\n",
+    )
+    .unwrap();
+    held.release();
     let mut h = Harness::around(nats, loopguard).await;
     h.loopguard.until_logged("configuration reloaded", 1).await;
     h.send_json("w", "agent", "alice", support::msg("one"))
@@ -1079,18 +1104,27 @@ async fn a_config_change_made_during_start_up_is_applied_by_the_watch() {
     assert_eq!(out.field("w", "rule"), [json!(null), json!("turns")]);
 }
 
-/// A SIGHUP that comes while loopguard is still starting reloads once it
-/// can, rather than ending the process (SIGHUP's default action), which it
-/// did until the reload was set up.
+/// A SIGHUP that comes while loopguard is still starting (once it has read
+/// its configuration) reloads once it can, rather than ending the process
+/// (SIGHUP's default action), which it did until the reload was set up.
 #[tokio::test]
 async fn a_sighup_during_start_up_reloads_once_loopguard_can() {
-    let toml = |turns: u32| format!("[rules.turns]\nmax = {turns}\n[rules.depth]\nmax = 0\n");
     let nats = NatsServer::start();
-    let held = [("LOOPGUARD_TEST_SLOW_START_MS", "1000")];
-    let loopguard = Loopguard::spawn_env(&nats.url(), &toml(5), &held);
-    loopguard.until_logged("test fault: start held", 1).await;
-    std::fs::write(loopguard.config_path(), toml(1)).unwrap();
+    let (mut loopguard, held) =
+        HeldAtStart::spawn(&nats, "[rules.turns]\nmax = 5\n[rules.depth]\nmax = 0\n").await;
+    std::fs::write(
+        loopguard.config_path(),
+        "# tightened\n[rules.turns]\nmax = 1\n[rules.depth]\nmax = 0\n",
+    )
+    .unwrap();
     loopguard.signal("HUP");
+    // Time for the signal's default action, were it to be taken.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(
+        loopguard.is_running(),
+        "a SIGHUP during start-up ended loopguard"
+    );
+    held.release();
     let mut h = Harness::around(nats, loopguard).await;
     h.loopguard.until_logged("configuration reloaded", 1).await;
     assert!(h.loopguard.logs().contains("trigger=\"SIGHUP\""));
