@@ -304,7 +304,7 @@ pub struct Judge {
 impl Judge {
     pub fn new(settings: Arc<Settings>, clock: Arc<dyn Clock>, metrics: Metrics) -> Judge {
         Judge {
-            worlds: Worlds::new(&settings),
+            worlds: Worlds::new(&settings, metrics.evicted.clone()),
             context_messages: settings.config.state.context_messages,
             subjects: Subjects::new(&settings.config.nats.prefix),
             settings: RwLock::new(settings),

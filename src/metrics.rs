@@ -39,8 +39,18 @@ pub struct Metrics {
     /// 0 from a refused reload until one succeeds: the file in place is
     /// one the next start refuses.
     last_reload_ok: IntGauge,
+    /// Worlds the state let go: made room for others, or idle.
+    pub evicted: Evicted,
     /// When each drop reason was last logged, and how many since.
     drop_log: Arc<[LogLimit; DropReason::ALL.len()]>,
+}
+
+/// The counters of `loopguard_world_evictions_total`, by cause, which the
+/// world cache counts into as it lets worlds go.
+#[derive(Clone)]
+pub struct Evicted {
+    pub size: IntCounter,
+    pub idle: IntCounter,
 }
 
 /// Why a message was lost or an output not sent: the `reason` label of
@@ -286,6 +296,15 @@ impl Metrics {
             &["result"],
         );
         let reloads = ["success", "failure"].map(|r| reloads_vec.with_label_values(&[r]));
+        let evicted_vec = counter_vec(
+            "loopguard_world_evictions_total",
+            "Worlds dropped from state, by cause: size (to make room within state.max_worlds or state.max_bytes) or idle (silent for state.idle_seconds). An evicted world's turns, depth and duplicate history start again.",
+            &["cause"],
+        );
+        let evicted = Evicted {
+            size: evicted_vec.with_label_values(&["size"]),
+            idle: evicted_vec.with_label_values(&["idle"]),
+        };
         let last_reload_ok = IntGauge::new(
             "loopguard_config_last_reload_successful",
             "0 from a refused configuration reload until one succeeds (the file in place is one the next start refuses); 1 otherwise, and at start.",
@@ -328,6 +347,7 @@ impl Metrics {
             dropped,
             reloads,
             last_reload_ok,
+            evicted,
             policy,
             policy_duration,
             by_state,

@@ -1342,6 +1342,9 @@ pub struct Worlds {
     /// Worlds with a message waiting for the policy service, and how many
     /// (see [`Worlds::wait`]).
     waiting: Arc<Mutex<HashMap<Name, (WorldHandle, usize)>>>,
+    /// Worlds let go: by the cache (its listener counts those) and, idle
+    /// by loopguard's own clock, here.
+    evicted: crate::metrics::Evicted,
 }
 
 /// Holds a world out of reach of eviction's consequences while a message of
@@ -1406,8 +1409,9 @@ const UPKEEP_AFTER: u32 = 32;
 const UPKEEP_EVERY: Duration = Duration::from_millis(200);
 
 impl Worlds {
-    /// Bounds come from `settings` once: they are not reloadable.
-    pub fn new(settings: &Settings) -> Worlds {
+    /// Bounds come from `settings` once: they are not reloadable. Worlds
+    /// the cache lets go are counted into `evicted`.
+    pub fn new(settings: &Settings, evicted: crate::metrics::Evicted) -> Worlds {
         let state = &settings.config.state;
         let idle = Duration::from_secs(state.idle_seconds);
         let max_worlds = state.max_worlds.max(1);
@@ -1428,6 +1432,19 @@ impl Worlds {
             .initial_capacity(max_worlds.min(PRESIZED_WORLDS) as usize)
             .time_to_idle(idle)
             .eviction_policy(moka::policy::EvictionPolicy::lru())
+            // Counted as moka lets them go, in its upkeep. Those removed
+            // or replaced here are counted where that happens: idle by
+            // the injected clock (`get`, `get_or_create`), else not let
+            // go at all (re-weighed).
+            .eviction_listener({
+                let evicted = evicted.clone();
+                move |_, _, cause| match cause {
+                    moka::notification::RemovalCause::Size => evicted.size.inc(),
+                    moka::notification::RemovalCause::Expired => evicted.idle.inc(),
+                    moka::notification::RemovalCause::Explicit
+                    | moka::notification::RemovalCause::Replaced => {}
+                }
+            })
             .build_with_hasher(foldhash::quality::RandomState::default());
         Worlds {
             cache,
@@ -1440,6 +1457,7 @@ impl Worlds {
                 start: Instant::now(),
             }),
             waiting: Arc::default(),
+            evicted,
         }
     }
 
@@ -1470,6 +1488,7 @@ impl Worlds {
                 // (`get`, which then sees it in use).
                 *lock(&handle) = WorldState::new(settings.clone(), self.idle, now);
                 self.cache.insert(world.clone(), handle.clone());
+                self.evicted.idle.inc();
             }
         }
         handle
@@ -1598,7 +1617,8 @@ impl Worlds {
         }
         // Out only if it is still that world, still unused: a message
         // that took it meanwhile stored its use first.
-        self.cache
+        let taken_out = self
+            .cache
             .entry_by_ref(world)
             .and_compute_with(|entry| match entry {
                 Some(e) if Arc::ptr_eq(e.value(), &handle) && self.forgotten(&handle, now) => {
@@ -1606,6 +1626,9 @@ impl Worlds {
                 }
                 _ => moka::ops::compute::Op::Nop,
             });
+        if let moka::ops::compute::CompResult::Removed(_) = taken_out {
+            self.evicted.idle.inc();
+        }
         None
     }
 
@@ -2238,14 +2261,14 @@ mod tests {
         let mut config = crate::config::Config::default();
         edit(&mut config);
         let settings = config.validate().unwrap();
-        let worlds = Worlds::new(&settings);
+        let worlds = Worlds::new(&settings, crate::metrics::Metrics::new().evicted);
         (settings, worlds)
     }
 
     #[test]
     fn upkeep_applies_the_cache_log_once_enough_lookups_built_up() {
         let settings = crate::config::Config::default().validate().unwrap();
-        let worlds = Worlds::new(&settings);
+        let worlds = Worlds::new(&settings, crate::metrics::Metrics::new().evicted);
         let now = Instant::now();
         let fresh = |i: u32| {
             worlds.get_or_create(&name(&format!("w{i}")), &settings.default_world, now);
@@ -2282,6 +2305,9 @@ mod tests {
         }
         assert_eq!(worlds.len(), 3);
         assert!(worlds.get(&name("w0"), now).is_none());
+        // Each made room for another: counted, as evicted for size.
+        assert_eq!(worlds.evicted.size.get(), 47);
+        assert_eq!(worlds.evicted.idle.get(), 0);
     }
 
     #[test]
@@ -2306,6 +2332,7 @@ mod tests {
         // 62 s after its last message: not found, and out of the cache.
         assert!(worlds.get(&w, start + Duration::from_secs(62)).is_none());
         assert_eq!(worlds.len(), 0);
+        assert_eq!(worlds.evicted.idle.get(), 1, "counted as let go idle");
         // A world still in the cache past its idle time (the cache's
         // clock is the real one, the test's is 200 s ahead) is forgotten
         // at its next message instead.
@@ -2315,6 +2342,8 @@ mod tests {
         let state = lock(&handle);
         assert_eq!((state.turns, state.paused), (0, false), "starts as new");
         drop(state);
+        assert_eq!(worlds.evicted.idle.get(), 2);
+        assert_eq!(worlds.evicted.size.get(), 0);
         // And a message counts as use: the world is found 60 s after it.
         let at = later + Duration::from_secs(60);
         assert!(worlds.get(&w, at).is_some());

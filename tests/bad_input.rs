@@ -452,6 +452,12 @@ async fn worlds_filled_by_a_client_are_bounded_in_bytes() {
     );
     let worlds = scrape.get("loopguard_worlds", &[]);
     assert!(worlds < 200.0, "{worlds} worlds of 100 KiB held in 16 MiB");
+    // The rest were let go for room, and counted so.
+    let evicted = scrape.get("loopguard_world_evictions_total", &[("cause", "size")]);
+    assert!(
+        evicted >= quiet as f64 - worlds,
+        "{evicted} evicted for size, {worlds} held, of {quiet}"
+    );
 
     // Many messages with 256-byte ids and thread ids into a few worlds.
     let (few, each) = (40, 600);

@@ -71,6 +71,7 @@ fn dashboard_panels_query_only_exported_metrics_and_cover_the_essentials() {
         "loopguard_state_bytes",
         "loopguard_policy_requests_total",
         "loopguard_config_reloads_total",
+        "loopguard_world_evictions_total",
     ] {
         assert!(used.contains(needed), "no panel shows {needed}: {titles:?}");
     }
@@ -106,7 +107,7 @@ fn alert_exprs(yaml: &str) -> Vec<String> {
 fn alert_expressions_query_only_exported_metrics() {
     let known = exported();
     let exprs = alert_exprs(&read("config/prometheus/alerts.yml"));
-    assert_eq!(exprs.len(), 11, "{exprs:#?}");
+    assert_eq!(exprs.len(), 13, "{exprs:#?}");
     for expr in &exprs {
         assert!(!expr.is_empty(), "{exprs:#?}");
         for name in metric_names(expr) {
