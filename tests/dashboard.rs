@@ -51,6 +51,12 @@ fn dashboard_panels_query_only_exported_metrics_and_cover_the_essentials() {
         titles.push(panel["title"].as_str().unwrap().to_string());
         for target in panel["targets"].as_array().unwrap() {
             let expr = target["expr"].as_str().unwrap();
+            // The alerts name one instance: every panel can show just it.
+            assert!(
+                expr.contains(r#"namespace=~"$namespace", instance=~"$instance""#),
+                "panel {:?} is not filtered by namespace and instance: {expr}",
+                panel["title"]
+            );
             for name in metric_names(expr) {
                 assert!(
                     known.contains(&name),

@@ -1053,6 +1053,16 @@ async fn a_watched_config_file_is_reloaded_when_it_changes() {
     assert_eq!(h.settle("w").await.event("w").body["rule"], "turns");
 }
 
+/// Two agents speak in a fresh world: the second is the turn limit's
+/// (`rules.turns.max = 1`, as the tests' reloaded files set it).
+async fn turns_max_is_one(h: &mut Harness) {
+    h.send_json("w", "agent", "alice", support::msg("one"))
+        .await;
+    h.send_json("w", "agent", "bob", support::msg("two")).await;
+    let out = h.settle("w").await;
+    assert_eq!(out.field("w", "rule"), [json!(null), json!("turns")]);
+}
+
 /// A loopguard held at the start of its run (after it loaded its
 /// configuration, before its reloads are set up) until released.
 struct HeldAtStart {
@@ -1097,11 +1107,7 @@ async fn a_config_change_made_during_start_up_is_applied_by_the_watch() {
     held.release();
     let mut h = Harness::around(nats, loopguard).await;
     h.loopguard.until_logged("configuration reloaded", 1).await;
-    h.send_json("w", "agent", "alice", support::msg("one"))
-        .await;
-    h.send_json("w", "agent", "bob", support::msg("two")).await;
-    let out = h.settle("w").await;
-    assert_eq!(out.field("w", "rule"), [json!(null), json!("turns")]);
+    turns_max_is_one(&mut h).await;
 }
 
 /// A SIGHUP that comes while loopguard is still starting (once it has read
@@ -1128,11 +1134,7 @@ async fn a_sighup_during_start_up_reloads_once_loopguard_can() {
     let mut h = Harness::around(nats, loopguard).await;
     h.loopguard.until_logged("configuration reloaded", 1).await;
     assert!(h.loopguard.logs().contains("trigger=\"SIGHUP\""));
-    h.send_json("w", "agent", "alice", support::msg("one"))
-        .await;
-    h.send_json("w", "agent", "bob", support::msg("two")).await;
-    let out = h.settle("w").await;
-    assert_eq!(out.field("w", "rule"), [json!(null), json!("turns")]);
+    turns_max_is_one(&mut h).await;
 }
 
 /// A watched file that is refused is tried again until it is applied,
@@ -1160,11 +1162,7 @@ async fn a_watched_file_that_was_refused_is_tried_again() {
     make_certs(certs.path());
     h.loopguard.until_logged("configuration reloaded", 1).await;
     assert!(h.loopguard.logs().contains("file change, tried again"));
-    h.send_json("w", "agent", "alice", support::msg("one"))
-        .await;
-    h.send_json("w", "agent", "bob", support::msg("two")).await;
-    let out = h.settle("w").await;
-    assert_eq!(out.field("w", "rule"), [json!(null), json!("turns")]);
+    turns_max_is_one(&mut h).await;
 }
 
 /// The kubelet updates a mounted ConfigMap (the chart's, with
