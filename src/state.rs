@@ -1438,11 +1438,22 @@ impl Worlds {
             // go at all (re-weighed).
             .eviction_listener({
                 let evicted = evicted.clone();
-                move |_, _, cause| match cause {
-                    moka::notification::RemovalCause::Size => evicted.size.inc(),
-                    moka::notification::RemovalCause::Expired => evicted.idle.inc(),
-                    moka::notification::RemovalCause::Explicit
-                    | moka::notification::RemovalCause::Replaced => {}
+                move |_, world: WorldHandle, cause| {
+                    // Held elsewhere too (beside moka's own entry and the
+                    // copy it hands here): a worker deciding it, or its
+                    // message waiting for the policy service. That one
+                    // puts it back, state and all (`weigh`, `keep`): not
+                    // let go. (A look from the admin API at that moment
+                    // hides one that is.)
+                    if Arc::strong_count(&world) > 2 {
+                        return;
+                    }
+                    match cause {
+                        moka::notification::RemovalCause::Size => evicted.size.inc(),
+                        moka::notification::RemovalCause::Expired => evicted.idle.inc(),
+                        moka::notification::RemovalCause::Explicit
+                        | moka::notification::RemovalCause::Replaced => {}
+                    }
                 }
             })
             .build_with_hasher(foldhash::quality::RandomState::default());
@@ -2308,6 +2319,31 @@ mod tests {
         // Each made room for another: counted, as evicted for size.
         assert_eq!(worlds.evicted.size.get(), 47);
         assert_eq!(worlds.evicted.idle.get(), 0);
+    }
+
+    #[test]
+    fn a_world_evicted_while_in_use_and_put_back_is_not_counted_as_let_go() {
+        let (settings, worlds) = worlds_with(|c| c.state.max_worlds = 3);
+        let now = Instant::now();
+        let world = |i: u32| name(&format!("w{i}"));
+        let held = worlds.get_or_create(&world(0), &settings.default_world, now);
+        lock(&held).turns = 7;
+        // Room made for others while w0's message is decided: w0, the
+        // least recently used, is evicted, but its worker still holds it.
+        for i in 1..=3 {
+            worlds.get_or_create(&world(i), &settings.default_world, now);
+        }
+        assert_eq!(worlds.len(), 3);
+        assert!(!worlds.cache.contains_key(&world(0)), "w0 evicted");
+        assert_eq!(worlds.evicted.size.get(), 0, "w0 is still in use");
+        // Its worker puts it back, state and all: it was not let go.
+        worlds.weigh(&world(0), &held, &lock(&held));
+        assert_eq!(lock(&worlds.get(&world(0), now).unwrap()).turns, 7);
+        drop(held);
+        // One that nobody holds is let go: counted.
+        worlds.get_or_create(&world(4), &settings.default_world, now);
+        assert_eq!(worlds.len(), 3);
+        assert_eq!(worlds.evicted.size.get(), 2);
     }
 
     #[test]
