@@ -200,6 +200,12 @@ pub async fn run(
                         "the consumer's ack wait is no longer than a shutdown's drain (the grace period and 3 s): messages still held when loopguard stops can be delivered again before those it hands back, a world's later ones first"
                     );
                 }
+                tokio::spawn(ingest::jetstream::watch_counts(
+                    client.clone(),
+                    jetstream.clone(),
+                    metrics.consumer_counts(&jetstream.stream, &jetstream.consumer),
+                    stopped(),
+                ));
                 // Its set-up's requests were answered after the consumer was made.
                 let on = round_trip_on(connects, admin::connects(&client));
                 (Intake::JetStream(Box::new(messages)), on)

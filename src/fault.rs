@@ -36,6 +36,14 @@ pub fn slow_handler() {
     }
 }
 
+/// Not a fault: the JetStream consumer's counts are read every
+/// `LOOPGUARD_TEST_COUNTS_EVERY_MS`, not every 10 s, so that a test sees
+/// them follow the consumer within its time.
+pub fn counts_every() -> Option<Duration> {
+    static EVERY: OnceLock<Option<Duration>> = OnceLock::new();
+    millis(&EVERY, "LOOPGUARD_TEST_COUNTS_EVERY_MS")
+}
+
 /// Holds up loopguard's start, after the configuration is loaded and
 /// before reloads are set up, until the file `LOOPGUARD_TEST_HOLD_START`
 /// names exists (at most a minute), and says so in the log: a test then

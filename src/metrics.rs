@@ -1,12 +1,15 @@
 //! Prometheus metrics (contract §8). Labels only ever take values from small
-//! fixed sets (kinds, decisions, rule names, reasons, visibilities), never a
-//! world, agent or message value.
+//! fixed sets (kinds, decisions, rule names, reasons, visibilities) or from
+//! the configuration (the JetStream stream and consumer), never a world,
+//! agent or message value.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 use crate::routing::Visibility;
 use crate::rules::RuleName;
@@ -41,6 +44,9 @@ pub struct Metrics {
     last_reload_ok: IntGauge,
     /// Worlds the state let go: made room for others, or idle.
     pub evicted: Evicted,
+    /// The JetStream consumer's counts, by stream and consumer: what waits
+    /// for loopguard, and what it holds unacknowledged.
+    jetstream: [IntGaugeVec; 2],
     /// When each drop reason was last logged, and how many since.
     drop_log: Arc<[LogLimit; DropReason::ALL.len()]>,
 }
@@ -51,6 +57,40 @@ pub struct Metrics {
 pub struct Evicted {
     pub size: IntCounter,
     pub idle: IntCounter,
+}
+
+/// The counts of loopguard's JetStream consumer
+/// (`loopguard_jetstream_pending`, `loopguard_jetstream_ack_pending`),
+/// set from each reading of them. A reading that fails takes them away
+/// until one succeeds: counts no longer known are neither shown nor
+/// alerted on as current.
+#[derive(Clone)]
+pub struct ConsumerCounts {
+    gauges: [IntGaugeVec; 2],
+    /// Stream and consumer.
+    labels: [String; 2],
+}
+
+impl ConsumerCounts {
+    /// The consumer's counts, as read: `pending` messages not delivered
+    /// yet, `ack_pending` delivered and not acknowledged.
+    pub fn set(&self, pending: u64, ack_pending: u64) {
+        let labels = [self.labels[0].as_str(), self.labels[1].as_str()];
+        for (gauge, n) in self.gauges.iter().zip([pending, ack_pending]) {
+            gauge
+                .with_label_values(&labels)
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The counts could not be read.
+    pub fn unknown(&self) {
+        let labels = [self.labels[0].as_str(), self.labels[1].as_str()];
+        for gauge in &self.gauges {
+            // Err: not set since the last failure.
+            let _ = gauge.remove_label_values(&labels);
+        }
+    }
 }
 
 /// Why a message was lost or an output not sent: the `reason` label of
@@ -173,6 +213,14 @@ impl Metrics {
                 .expect("each metric is registered once");
             c
         };
+        let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
+            let g = IntGaugeVec::new(Opts::new(name, help), labels)
+                .expect("metric definitions are static and valid");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("each metric is registered once");
+            g
+        };
         let messages = counter_vec(
             "loopguard_messages_total",
             "Ingress messages decided, by sender kind and decision.",
@@ -254,17 +302,11 @@ impl Metrics {
         for reason in DropReason::ALL {
             dropped.with_label_values(&[reason.as_str()]);
         }
-        let by_state_vec = prometheus::IntGaugeVec::new(
-            Opts::new(
-                "loopguard_worlds_by_state",
-                "Worlds held, by conversation state (cold, warming, hot, cooling, concluded).",
-            ),
+        let by_state_vec = gauge_vec(
+            "loopguard_worlds_by_state",
+            "Worlds held, by conversation state (cold, warming, hot, cooling, concluded).",
             &["state"],
-        )
-        .expect("static gauge");
-        registry
-            .register(Box::new(by_state_vec.clone()))
-            .expect("each metric is registered once");
+        );
         let by_state =
             crate::state::Conversation::ALL.map(|c| by_state_vec.with_label_values(&[c.as_str()]));
         let policy_vec = counter_vec(
@@ -305,6 +347,19 @@ impl Metrics {
             size: evicted_vec.with_label_values(&["size"]),
             idle: evicted_vec.with_label_values(&["idle"]),
         };
+        // Series only in JetStream mode, and only while the counts are known.
+        let jetstream = [
+            gauge_vec(
+                "loopguard_jetstream_pending",
+                "Messages in loopguard's JetStream stream its consumer has not delivered yet (the intake backlog), as last read from the server; absent while unknown.",
+                &["stream", "consumer"],
+            ),
+            gauge_vec(
+                "loopguard_jetstream_ack_pending",
+                "Messages its JetStream consumer delivered to loopguard and loopguard has not acknowledged yet, as last read from the server; absent while unknown.",
+                &["stream", "consumer"],
+            ),
+        ];
         let last_reload_ok = IntGauge::new(
             "loopguard_config_last_reload_successful",
             "0 from a refused configuration reload until one succeeds (the file in place is one the next start refuses); 1 otherwise, and at start.",
@@ -348,10 +403,19 @@ impl Metrics {
             reloads,
             last_reload_ok,
             evicted,
+            jetstream,
             policy,
             policy_duration,
             by_state,
             drop_log: Arc::new(Default::default()),
+        }
+    }
+
+    /// The gauges of the JetStream consumer `consumer` on `stream`.
+    pub fn consumer_counts(&self, stream: &str, consumer: &str) -> ConsumerCounts {
+        ConsumerCounts {
+            gauges: self.jetstream.clone(),
+            labels: [stream.to_owned(), consumer.to_owned()],
         }
     }
 
@@ -482,5 +546,30 @@ mod tests {
         assert_eq!(limit.due_at(at(10.0)), Some(200));
         assert_eq!(limit.due_at(at(10.5)), None);
         assert_eq!(limit.due_at(at(60.0)), Some(2));
+    }
+    #[test]
+    fn consumer_counts_are_shown_while_known_and_only_then() {
+        let metrics = Metrics::new();
+        let text = || String::from_utf8(metrics.encode()).unwrap();
+        let counts = metrics.consumer_counts("INGEST", "lg");
+        assert!(!text().contains("loopguard_jetstream"), "{}", text());
+        counts.set(7, 3);
+        let shown = text();
+        for line in [
+            r#"loopguard_jetstream_pending{consumer="lg",stream="INGEST"} 7"#,
+            r#"loopguard_jetstream_ack_pending{consumer="lg",stream="INGEST"} 3"#,
+        ] {
+            assert!(shown.lines().any(|l| l == line), "{line} not in {shown}");
+        }
+        counts.unknown();
+        assert!(!text().contains("loopguard_jetstream"), "{}", text());
+        // Twice unknown is no error, and a reading brings them back.
+        counts.unknown();
+        counts.set(0, u64::MAX);
+        assert!(
+            text().contains(r#"_ack_pending{consumer="lg",stream="INGEST"} 9223"#),
+            "{}",
+            text()
+        );
     }
 }

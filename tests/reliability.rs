@@ -1217,6 +1217,79 @@ async fn messages_held_back_longer_than_ack_wait_are_not_delivered_again() {
     assert_eq!(stream_messages(&js, "EGRESS").await, N as u64);
 }
 
+#[tokio::test]
+async fn the_consumer_s_counts_follow_its_backlog_and_go_while_unknown() {
+    const MESSAGES: usize = 100;
+    let (nats, js, open) = held_policy_server().await;
+    // The world held behind its policy request keeps 20 unacknowledged,
+    // and the server delivers no more: the rest waits in the stream.
+    let config = held_policy_config(10, 120)
+        .replace("enabled = true\n", "enabled = true\nmax_ack_pending = 20\n");
+    let lg = Loopguard::spawn_env(
+        &nats.url(),
+        &config,
+        &[("LOOPGUARD_TEST_COUNTS_EVERY_MS", "100")],
+    );
+    lg.until_ready().await;
+    let addr = lg.http_addr().await;
+    publish_each(&js, 0..MESSAGES, held_world_subject).await;
+    // loopguard's counts (pending, ack pending), where it shows them.
+    let shown = async |addr: &str| {
+        let scrape = support::Scrape::take(addr).await;
+        let count = |name: &str| {
+            let all = scrape.all(name);
+            let ours = |l: &std::collections::BTreeMap<String, String>| {
+                let label = |k: &str| l.get(k).map(String::as_str);
+                l.len() == 2
+                    && label("stream") == Some("LOOPGUARD_INGEST")
+                    && label("consumer") == Some("loopguard")
+            };
+            assert!(
+                all.len() <= 1 && all.iter().all(|(l, _)| ours(l)),
+                "{all:?}"
+            );
+            all.first().map(|(_, v)| *v as u64)
+        };
+        (
+            count("loopguard_jetstream_pending"),
+            count("loopguard_jetstream_ack_pending"),
+        )
+    };
+    within("loopguard to show the server's counts", async {
+        loop {
+            let server = ingest_consumer(&js).await;
+            let want = (
+                Some(server.num_pending),
+                Some(server.num_ack_pending as u64),
+            );
+            if server.num_ack_pending == 20 && shown(&addr).await == want {
+                assert!(server.num_pending > 0, "{server:?}");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    // A server that answers nothing: no counts, rather than stale ones.
+    nats.freeze();
+    within("the counts to go", async {
+        while shown(&addr).await != (None, None) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    nats.thaw();
+    let _ = open.send(());
+    within("the backlog to be decided, and shown as gone", async {
+        while shown(&addr).await != (Some(0), Some(0)) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let server = ingest_consumer(&js).await;
+    assert_eq!((server.num_pending, server.num_ack_pending), (0, 0));
+}
+
 /// Waits until the server has delivered the ingest stream's first `n`
 /// messages to loopguard's consumer.
 async fn until_delivered(js: &jetstream::Context, n: usize) {

@@ -439,6 +439,62 @@ pub async fn consumer(
     })
 }
 
+/// How often [`watch_counts`] reads the consumer's counts.
+const COUNTS_EVERY: Duration = Duration::from_secs(10);
+
+/// How long a reading of the counts may take before it counts as failed.
+const COUNTS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Keeps `counts` at those of loopguard's consumer, read from the server
+/// every [`COUNTS_EVERY`] until `stop` resolves: the messages waiting in
+/// the stream for loopguard (its intake backlog, which grows while
+/// loopguard falls behind or stops pulling) and those it was delivered and
+/// has not acknowledged. A reading that fails (NATS away, the consumer
+/// being set up again) leaves them unknown until one succeeds.
+///
+/// Read, not counted here: other instances on the same consumer, and
+/// messages published while loopguard is away, are in the server's counts.
+pub async fn watch_counts(
+    client: async_nats::Client,
+    config: JetStreamConfig,
+    counts: crate::metrics::ConsumerCounts,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    #[cfg(debug_assertions)]
+    let every = crate::fault::counts_every().unwrap_or(COUNTS_EVERY);
+    #[cfg(not(debug_assertions))]
+    let every = COUNTS_EVERY;
+    let js = jetstream::new(client);
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut stop => return,
+            _ = ticks.tick() => {}
+        }
+        let read = js.get_consumer_from_stream::<pull::Config, _, _>(
+            config.consumer.as_str(),
+            config.stream.as_str(),
+        );
+        match tokio::time::timeout(COUNTS_TIMEOUT, read).await {
+            Ok(Ok(consumer)) => {
+                let info = consumer.cached_info();
+                counts.set(info.num_pending, info.num_ack_pending as u64);
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "JetStream consumer counts unknown");
+                counts.unknown();
+            }
+            Err(_) => {
+                tracing::debug!("JetStream consumer counts unknown: the server did not answer");
+                counts.unknown();
+            }
+        }
+    }
+}
+
 /// The stream retention a config asks for.
 fn retention_of(retention: Retention) -> stream::RetentionPolicy {
     match retention {
