@@ -41,7 +41,7 @@ pub fn slow_handler() {
 /// them follow the consumer within its time.
 pub fn counts_every() -> Option<Duration> {
     static EVERY: OnceLock<Option<Duration>> = OnceLock::new();
-    millis(&EVERY, "LOOPGUARD_TEST_COUNTS_EVERY_MS")
+    millis(&EVERY, "LOOPGUARD_TEST_COUNTS_EVERY_MS").filter(|every| !every.is_zero())
 }
 
 /// Holds up loopguard's start, after the configuration is loaded and

@@ -356,7 +356,7 @@ impl Metrics {
             ),
             gauge_vec(
                 "loopguard_jetstream_ack_pending",
-                "Messages its JetStream consumer delivered to loopguard and loopguard has not acknowledged yet, as last read from the server; absent while unknown.",
+                "Messages its JetStream consumer delivered to loopguard and loopguard has not acknowledged yet (awaiting redelivery included), as last read from the server; absent while unknown.",
                 &["stream", "consumer"],
             ),
         ];

@@ -1232,7 +1232,13 @@ async fn the_consumer_s_counts_follow_its_backlog_and_go_while_unknown() {
     );
     lg.until_ready().await;
     let addr = lg.http_addr().await;
-    publish_each(&js, 0..MESSAGES, held_world_subject).await;
+    // Five agents' messages, each held for the policy service's 10 s
+    // timeout: the world holds for 50 s, whatever the machine's pace.
+    publish_each(&js, 0..MESSAGES, |i| match i {
+        3..8 => "chat.raw.w0.agent.a1".to_owned(),
+        _ => "chat.raw.w0.human.h1".to_owned(),
+    })
+    .await;
     // loopguard's counts (pending, ack pending), where it shows them.
     let shown = async |addr: &str| {
         let scrape = support::Scrape::take(addr).await;
@@ -1279,6 +1285,15 @@ async fn the_consumer_s_counts_follow_its_backlog_and_go_while_unknown() {
     })
     .await;
     nats.thaw();
+    // Logged as it starts and as it ends, once each.
+    lg.until_logged("JetStream consumer counts read again", 1)
+        .await;
+    assert_eq!(
+        lg.logs()
+            .matches("JetStream consumer counts unknown")
+            .count(),
+        1
+    );
     let _ = open.send(());
     within("the backlog to be decided, and shown as gone", async {
         while shown(&addr).await != (Some(0), Some(0)) {

@@ -448,9 +448,11 @@ const COUNTS_TIMEOUT: Duration = Duration::from_secs(5);
 /// Keeps `counts` at those of loopguard's consumer, read from the server
 /// every [`COUNTS_EVERY`] until `stop` resolves: the messages waiting in
 /// the stream for loopguard (its intake backlog, which grows while
-/// loopguard falls behind or stops pulling) and those it was delivered and
-/// has not acknowledged. A reading that fails (NATS away, the consumer
-/// being set up again) leaves them unknown until one succeeds.
+/// loopguard falls behind or stops pulling) and those delivered to it and
+/// not acknowledged (awaiting redelivery included). A reading that fails
+/// (NATS away, the consumer being set up again) leaves them unknown until
+/// one succeeds, logged as it starts and as it ends. So are they once
+/// `stop` resolves: a drain's would be stale.
 ///
 /// Read, not counted here: other instances on the same consumer, and
 /// messages published while loopguard is away, are in the server's counts.
@@ -468,31 +470,44 @@ pub async fn watch_counts(
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(stop);
+    let mut failing = false;
     loop {
-        tokio::select! {
+        let read = async {
+            ticks.tick().await;
+            let read = js.get_consumer_from_stream::<pull::Config, _, _>(
+                config.consumer.as_str(),
+                config.stream.as_str(),
+            );
+            tokio::time::timeout(COUNTS_TIMEOUT, read).await
+        };
+        let failure = match tokio::select! {
             biased;
-            _ = &mut stop => return,
-            _ = ticks.tick() => {}
-        }
-        let read = js.get_consumer_from_stream::<pull::Config, _, _>(
-            config.consumer.as_str(),
-            config.stream.as_str(),
-        );
-        match tokio::time::timeout(COUNTS_TIMEOUT, read).await {
+            _ = &mut stop => break,
+            read = read => read,
+        } {
             Ok(Ok(consumer)) => {
                 let info = consumer.cached_info();
                 counts.set(info.num_pending, info.num_ack_pending as u64);
+                None
             }
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "JetStream consumer counts unknown");
-                counts.unknown();
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some("the server did not answer".to_owned()),
+        };
+        match failure {
+            None if failing => {
+                failing = false;
+                tracing::info!("JetStream consumer counts read again");
             }
-            Err(_) => {
-                tracing::debug!("JetStream consumer counts unknown: the server did not answer");
+            None => {}
+            Some(reason) => {
                 counts.unknown();
+                if !std::mem::replace(&mut failing, true) {
+                    tracing::warn!(%reason, "JetStream consumer counts unknown: loopguard_jetstream_pending and _ack_pending are left out until a reading succeeds");
+                }
             }
         }
     }
+    counts.unknown();
 }
 
 /// The stream retention a config asks for.
