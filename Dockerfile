@@ -19,13 +19,14 @@ RUN apt-get update \
 WORKDIR /src
 # Dependencies first, so source edits do not refetch the registry. Every
 # target Cargo.toml names must exist for cargo to read it: stubs here, one
-# for each [[bench]] it declares (.dockerignore leaves the benches out).
+# for each [[bench]] it declares (.dockerignore leaves the benches out) and
+# for the example agent.
 COPY Cargo.toml Cargo.lock ./
 # async-nats with loopguard's patch (vendor/async-nats/PATCH.md).
 COPY vendor ./vendor
-RUN mkdir src examples benches \
+RUN mkdir -p src examples/rust benches \
  && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
- && for t in examples/demo examples/pgo_train $(awk '/^\[/ { b = ($0 == "[[bench]]") } \
+ && for t in examples/demo examples/pgo_train examples/rust/agent $(awk '/^\[/ { b = ($0 == "[[bench]]") } \
         b && /^name *=/ { gsub(/^name *= *"|".*$/, ""); print "benches/" $0 }' Cargo.toml); do \
       echo 'fn main() {}' > "$t.rs"; done \
  && cargo fetch --locked

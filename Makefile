@@ -59,13 +59,15 @@ test-chart: build py-deps
 test-compose: build py-deps
 	$(PYTHON) scripts/compose_test.py
 
-# The example agents (Python, TypeScript, Go) against a real nats-server and
-# loopguard.
+# The example agents (Python, TypeScript, Go, Rust) against a real
+# nats-server and loopguard.
 test-examples: build py-deps ts-deps go-agent
 	cd examples/python && $(abspath $(PYTHON)) test_loop.py
 	cd examples/typescript && npm run --silent typecheck
 	cd examples/python && $(abspath $(PYTHON)) test_loop.py --typescript
 	cd examples/python && GO_AGENT=$(abspath $(GO_AGENT)) $(abspath $(PYTHON)) test_loop.py --go
+	$(CARGO) build --example agent
+	cd examples/python && RUST_AGENT=$(abspath target/debug/examples/agent) $(abspath $(PYTHON)) test_loop.py --rust
 
 # The Go example, built against Debian's nats.go (GOPATH mode: this machine
 # reaches no Go module proxy; its go.mod is for users, who have one), after

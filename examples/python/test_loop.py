@@ -1,8 +1,10 @@
 """`make test-examples`: naive agents against a real nats-server and a real
 loopguard, shown to be cut off when they loop: the Python agent of this
 directory, or, with `--typescript`, the TypeScript one of
-../typescript (run with tsx, as its README says), or, with `--go`, the Go
-one of ../go (built beforehand, its path in GO_AGENT).
+../typescript (run with tsx, as its README says), with `--go`, the Go
+one of ../go (built beforehand, its path in GO_AGENT), or, with `--rust`,
+the Rust one of ../rust (`cargo build --example agent`, its path in
+RUST_AGENT).
 
 Two naive agents answer each other forever. The test starts them, lets a
 human start the conversation, and checks that loopguard rejects the message
@@ -55,8 +57,10 @@ async def main():
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--typescript", action="store_true", help="run the TypeScript agent")
     which.add_argument("--go", action="store_true", help="run the Go agent (GO_AGENT: its binary)")
+    which.add_argument("--rust", action="store_true", help="run the Rust agent (RUST_AGENT: its binary)")
     args = parser.parse_args()
-    language = "TypeScript" if args.typescript else "Go" if args.go else "Python"
+    language = ("TypeScript" if args.typescript else "Go" if args.go
+                else "Rust" if args.rust else "Python")
     with tempfile.TemporaryDirectory() as tmp:
         nats_proc = subprocess.Popen([NATS_SERVER, "-a", "127.0.0.1", "-p", "-1", "--ports_file_dir", tmp],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -113,6 +117,13 @@ def go_agent(url, name, peer):
     return [binary, "-url", url, "-world", "PyLoop", "-name", name, "-peer", peer], None, True
 
 
+def rust_agent(url, name, peer):
+    """How to start the Rust agent: the example cargo built. On SIGTERM it
+    drains its connection and exits 0."""
+    binary = os.environ.get("RUST_AGENT") or os.path.join(ROOT, "target", "debug", "examples", "agent")
+    return [binary, "--url", url, "--world", "PyLoop", "--name", name, "--peer", peer], None, True
+
+
 async def process_agents(url, command):
     """The two agents as processes (`command(url, name, peer)` says how to
     start one, and whether it exits 0 on SIGTERM), each subscribed and
@@ -156,7 +167,7 @@ async def process_agents(url, command):
 
 
 # How to start each agent that runs as a process of its own.
-AGENTS = {"TypeScript": typescript_agent, "Go": go_agent}
+AGENTS = {"TypeScript": typescript_agent, "Go": go_agent, "Rust": rust_agent}
 
 
 async def scenario(url, language):
