@@ -83,8 +83,9 @@ async fn main() {
     let join = format!("{}.join.{}.{name}", args.prefix, args.world);
     let inbox = format!("{}.private.{}.{name}", args.prefix, args.world);
 
-    // Connection events, to the loop below: a reconnect joins again (loopguard
-    // may have restarted meanwhile, its roster empty), a close ends it.
+    // Connection events, to the loop below: every connect joins (again after
+    // a reconnect: loopguard may have restarted meanwhile, its roster
+    // empty), a close ends it.
     let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
     let client = async_nats::ConnectOptions::new()
         .name(format!("loopguard-example-{name}"))
@@ -116,7 +117,10 @@ async fn main() {
     let mut n = 0;
     loop {
         tokio::select! {
-            Some(m) = messages.next() => {
+            m = messages.next() => {
+                // Ended: the connection is gone for good (async-nats
+                // reconnects forever unless told otherwise).
+                let Some(m) = m else { fail(name, "subscription ended") };
                 let message: Message = match serde_json::from_slice(&m.payload) {
                     Ok(message) => message,
                     Err(e) => {
@@ -144,8 +148,7 @@ async fn main() {
                 Event::Connected => {
                     let _ = client.publish(join.clone(), "".into()).await;
                 }
-                // The connection ended for good (async-nats reconnects
-                // forever otherwise): an agent that cannot hear.
+                // The connection ended for good: an agent that cannot hear.
                 Event::Closed => fail(name, "connection closed"),
                 _ => {}
             },
@@ -153,21 +156,28 @@ async fn main() {
             _ = interrupt.recv() => break,
         }
     }
+    // Away from the server, there is nothing to drain (and a drain would
+    // wait for it to come back): ends now, as the Go agent does.
+    if client.connection_state() != async_nats::connection::State::Connected {
+        eprintln!("{name}: not connected; nothing to drain");
+        return;
+    }
     // Drains the connection: what was published reaches the server, what
     // waits in the inbox is dropped. A second signal ends it at once.
-    if let Err(e) = client.drain().await {
-        fail(name, &e.to_string());
-    }
-    let closed = async {
+    let drained = async {
+        client.drain().await.map_err(|e| e.to_string())?;
         while let Some(event) = events.recv().await {
             if matches!(event, Event::Closed) {
-                return;
+                break;
             }
         }
+        Ok::<_, String>(())
     };
     tokio::select! {
-        ended = tokio::time::timeout(DRAIN_TIMEOUT, closed) => if ended.is_err() {
-            fail(name, "the drain did not finish");
+        ended = tokio::time::timeout(DRAIN_TIMEOUT, drained) => match ended {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => fail(name, &e),
+            Err(_) => fail(name, "the drain did not finish"),
         },
         _ = terminate.recv() => fail(name, "stopped before the drain finished"),
         _ = interrupt.recv() => fail(name, "stopped before the drain finished"),
