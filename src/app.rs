@@ -147,6 +147,7 @@ pub async fn run(
     // Egress subjects the server refused a publish to (`egress_acks`).
     let refusals = Arc::new(publish::Refusals::default());
     let client = connect(&settings, judge.subjects(), &metrics, &readiness, &refusals).await?;
+    metrics.count_client_drops(&client);
     // One stop signal, observable by every stage: set-up retries, intake
     // and the grace timer.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -827,12 +828,7 @@ async fn connect(
                         m.nats_connected.set(0);
                         tracing::warn!("disconnected from NATS; reconnecting");
                     }
-                    async_nats::Event::SlowConsumer(sid) => m.dropped(
-                        DropReason::SlowConsumer,
-                        &format_args!(
-                            "subscription {sid} buffer full; raise nats.subscription_capacity"
-                        ),
-                    ),
+                    async_nats::Event::SlowConsumer(sid) => m.client_dropped(sid),
                     async_nats::Event::ServerError(async_nats::ServerError::SlowConsumer(sid)) => m
                         .dropped(
                             DropReason::ServerSlowConsumer,

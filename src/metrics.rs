@@ -4,7 +4,7 @@
 //! agent or message value.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use prometheus::{
@@ -49,6 +49,18 @@ pub struct Metrics {
     jetstream: [IntGaugeVec; 2],
     /// When each drop reason was last logged, and how many since.
     drop_log: Arc<[LogLimit; DropReason::ALL.len()]>,
+    /// The client's own count of what it dropped for a full subscription.
+    client_drops: Arc<ClientDrops>,
+}
+
+/// The NATS client's count of the messages it dropped because their
+/// subscription was full (patched async-nats: vendor/async-nats/PATCH.md),
+/// and how much of it `loopguard_dropped_total{reason="slow_consumer"}`
+/// holds.
+#[derive(Default)]
+struct ClientDrops {
+    stats: OnceLock<Arc<async_nats::Statistics>>,
+    counted: AtomicU64,
 }
 
 /// The counters of `loopguard_world_evictions_total`, by cause, which the
@@ -293,7 +305,7 @@ impl Metrics {
         };
         let dropped = counter_vec(
             "loopguard_dropped_total",
-            "Messages lost or outputs not sent, by reason (a lower bound for slow consumers).",
+            "Messages lost or outputs not sent, by reason (a lower bound for the server's slow-consumer drops).",
             &["reason"],
         );
         // Every reason from zero, like the other counters: a series born at
@@ -408,6 +420,7 @@ impl Metrics {
             policy_duration,
             by_state,
             drop_log: Arc::new(Default::default()),
+            client_drops: Arc::default(),
         }
     }
 
@@ -464,6 +477,48 @@ impl Metrics {
     pub fn dropped(&self, reason: DropReason, detail: &dyn std::fmt::Display) {
         self.dropped.with_label_values(&[reason.as_str()]).inc();
         self.log_limited(reason, detail);
+    }
+
+    /// Counts, from now on, the messages `client` drops because their
+    /// subscription is full (see [`Metrics::sync_client_drops`]).
+    pub fn count_client_drops(&self, client: &async_nats::Client) {
+        let _ = self.client_drops.stats.set(client.statistics());
+    }
+
+    /// Takes into `loopguard_dropped_total{reason="slow_consumer"}` the
+    /// messages the client dropped for a full subscription since the last
+    /// call, from the client's own count: the event each drop raises can
+    /// itself be dropped (the client's event queue holds 128), as it is in
+    /// a flood. Called at each such event and at each scrape. Returns the
+    /// client's total.
+    pub fn sync_client_drops(&self) -> u64 {
+        let Some(stats) = self.client_drops.stats.get() else {
+            return 0;
+        };
+        let total = stats.dropped_messages.load(Ordering::Relaxed);
+        // Each drop is taken once, however the calls interleave.
+        let counted = self
+            .client_drops
+            .counted
+            .fetch_max(total, Ordering::Relaxed);
+        if total > counted {
+            self.dropped
+                .with_label_values(&[DropReason::SlowConsumer.as_str()])
+                .inc_by(total - counted);
+        }
+        total
+    }
+
+    /// The client's event for a message it dropped, its subscription `sid`
+    /// full: counts its drops and logs, at most once every ten seconds.
+    pub fn client_dropped(&self, sid: u64) {
+        let total = self.sync_client_drops();
+        self.log_limited(
+            DropReason::SlowConsumer,
+            &format_args!(
+                "subscription {sid} buffer full ({total} messages dropped since start); raise nats.subscription_capacity"
+            ),
+        );
     }
 
     /// Logs an error the NATS client reported (a connection attempt that

@@ -685,6 +685,35 @@ async fn core_mode_slow_consumer_drops_are_counted_and_logged() {
         .filter(|l| l.contains("messages dropped"))
         .count();
     assert!(dropped >= 2.0, "a flood, not one drop: {dropped}");
+    // Every message of the flood is decided or counted as dropped: none
+    // is lost uncounted (the client's event queue, of 128, overflowed
+    // under such a flood, and its drop events with it).
+    let accounted = || async {
+        let scrape = Scrape::take(&addr).await;
+        let decided: f64 = scrape
+            .all("loopguard_messages_total")
+            .iter()
+            .filter(|(labels, _)| labels["kind"] == "agent")
+            .map(|(_, n)| n)
+            .sum();
+        let dropped = scrape.get("loopguard_dropped_total", &[("reason", "slow_consumer")]);
+        (decided, dropped)
+    };
+    support::within("the flood to be decided or counted as dropped", async {
+        loop {
+            let (decided, dropped) = accounted().await;
+            if decided + dropped >= 60_000.0 {
+                assert_eq!(
+                    decided + dropped,
+                    60_000.0,
+                    "decided {decided}, dropped {dropped}"
+                );
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    })
+    .await;
     assert!(
         (lines as f64) < dropped,
         "the log is rate-limited: {lines} lines for {dropped} drops"

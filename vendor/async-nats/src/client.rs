@@ -1346,4 +1346,8 @@ pub struct Statistics {
     /// Number of times connection was established.
     /// Initial connect will be counted as well, then all successful reconnects.
     pub connects: AtomicU64,
+    /// loopguard patch: messages dropped because their subscription's
+    /// channel was full (a slow consumer), each one, whether or not its
+    /// `Event::SlowConsumer` found room in the event queue.
+    pub dropped_messages: AtomicU64,
 }

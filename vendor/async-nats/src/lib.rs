@@ -804,6 +804,13 @@ impl ConnectionHandler {
                         }
                         Err(mpsc::error::TrySendError::Full(_)) => {
                             debug!("slow consumer detected for subscription {}", sid);
+                            // loopguard patch: counted here, as the event
+                            // below is dropped when the event queue is full,
+                            // as it is in a flood.
+                            self.connector
+                                .connect_stats
+                                .dropped_messages
+                                .add(1, Ordering::Relaxed);
                             self.connector
                                 .events_tx
                                 .try_send(Event::SlowConsumer(sid))
