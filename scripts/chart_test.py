@@ -180,7 +180,7 @@ def main():
         run([sys.executable, "-m", "yamllint", "-c", os.path.join(ROOT, ".yamllint"), path])
         ok(f"{name}: {len(manifests)} manifests pass kubernetes-validate --strict and yamllint")
     kinds = sorted(m["kind"] for m in rendered["full"][1])
-    want = ["ConfigMap", "Deployment", "PrometheusRule", "Secret", "Service", "ServiceAccount", "ServiceMonitor"]
+    want = ["ConfigMap", "Deployment", "NetworkPolicy", "PrometheusRule", "Secret", "Service", "ServiceAccount", "ServiceMonitor"]
     if kinds != want:
         fail(f"full values render {kinds}, expected {want}")
 
@@ -248,6 +248,9 @@ def main():
                 "auth.natsToken=t,auth.credentialsSecret=creds", "auth.natsNkeySeed=SUAB,auth.natsToken=t",
                 "auth.natsNkeySeed=SUAB,auth.credentialsSecret=creds", "auth.natsNkeySeed=UAB",
                 "serviceMonitor.interval=", "serviceMonitor.interval=1m30", "serviceMonitor.interval=30s5",
+                # a NetworkPolicy peer must say something; ports are TCP ports
+                "networkPolicy.ingressFrom[0]=null", "networkPolicy.egressPorts[0]=0",
+                "networkPolicy.egressPorts[0]=65536", "networkPolicy.enabled=yes",
                 # a client certificate needs the Secret it comes from; a pull secret needs a name
                 "auth.tlsClientCertificate=true", "imagePullSecrets[0].nam=regcred",
                 # a bare word that is no level (loopguard reads it as a target and logs nothing else)
@@ -268,6 +271,8 @@ def main():
                  "terminationGraceExtraSeconds=4", "config.http.address=::",
                  "config.rules.turns.max=4294967295", "auth.tlsClientCertificate=true,auth.tlsSecret=tls",
                  "imagePullSecrets[0].name=regcred", "prometheusRule.sharedAlerts=false",
+                 "networkPolicy.enabled=true",
+                 "networkPolicy.enabled=true,networkPolicy.egressTo[0].ipBlock.cidr=10.0.0.0/8",
                  "config.log.level=WARN", "config.log.level=info\\,async_nats=debug",
                  "config.log.level=info\\, async_nats=debug",
                  # several servers; a section rendered key by key, dropped whole (loopguard's defaults)
@@ -390,6 +395,27 @@ def main():
         mount = next(m for m in c["volumeMounts"] if m["name"] == "config")
         if "subPath" in mount or c["args"] != ["--config", mount["mountPath"] + "/loopguard.toml"]:
             fail(f"{name}: the config is not mounted as a directory loopguard reads: {mount} {c['args']}")
+    # 7. the NetworkPolicy: none unless asked for; the full values' lets in
+    # its peers on the HTTP port alone, and out NATS's ports and DNS.
+    if any(m["kind"] == "NetworkPolicy" for m in rendered["default"][1]):
+        fail("default: a NetworkPolicy is rendered though networkPolicy.enabled is false")
+    full = yaml.safe_load(open(full_values))["networkPolicy"]
+    np = by_kind(rendered["full"][1], "NetworkPolicy")["spec"]
+    dep = by_kind(rendered["full"][1], "Deployment")
+    if np["podSelector"]["matchLabels"] != dep["spec"]["selector"]["matchLabels"]:
+        fail(f"full: the NetworkPolicy selects {np['podSelector']}, not the Deployment's pods")
+    http_port = next(p for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"] if p["name"] == "http")
+    if np["ingress"] != [{"from": full["ingressFrom"], "ports": [{"port": "http", "protocol": "TCP"}]}] or not http_port:
+        fail(f"full: NetworkPolicy ingress {np['ingress']}")
+    nats_ports = [{"port": p, "protocol": "TCP"} for p in full["egressPorts"]]
+    dns = [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+    if np["policyTypes"] != ["Ingress", "Egress"] or np["egress"] != [{"to": full["egressTo"], "ports": nats_ports}, {"ports": dns}]:
+        fail(f"full: NetworkPolicy egress {np.get('policyTypes')} {np.get('egress')}")
+    bare = by_kind(docs(helm("template", "lg", CHART, "--set", "networkPolicy.enabled=true").stdout), "NetworkPolicy")["spec"]
+    if bare.get("ingress") != [] or bare["policyTypes"] != ["Ingress"] or "egress" in bare:
+        fail(f"networkPolicy.enabled alone should let nothing in but the node, and limit nothing out: {bare}")
+    ok("NetworkPolicy: none by default; the HTTP port from the peers named, out to NATS's ports and DNS only when peers are named")
+
     config_sum = lambda *sets: by_kind(docs(helm("template", "lg", CHART, *[a for s in sets for a in ("--set", s)]).stdout), "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     if config_sum() == config_sum("config.rules.turns.max=5"):
         fail("the config checksum did not change with the config")
