@@ -412,8 +412,12 @@ def main():
     if np["policyTypes"] != ["Ingress", "Egress"] or np["egress"] != [{"to": full["egressTo"], "ports": nats_ports}, {"ports": dns}]:
         fail(f"full: NetworkPolicy egress {np.get('policyTypes')} {np.get('egress')}")
     bare = by_kind(docs(helm("template", "lg", CHART, "--set", "networkPolicy.enabled=true").stdout), "NetworkPolicy")["spec"]
+    notes = lambda *sets: helm("install", "lg", CHART, "--dry-run=client", *[a for s in sets for a in ("--set", s)]).stdout.split("NOTES:")[-1].lstrip()
     if bare.get("ingress") != [] or bare["policyTypes"] != ["Ingress"] or "egress" in bare:
         fail(f"networkPolicy.enabled alone should let nothing in but the node, and limit nothing out: {bare}")
+    if "Prometheus cannot scrape" not in notes("networkPolicy.enabled=true") or \
+            "Prometheus cannot scrape" in notes("networkPolicy.enabled=true", "networkPolicy.ingressFrom[0].ipBlock.cidr=10.0.0.0/8"):
+        fail("the install notes do not warn (only) when the NetworkPolicy lets no one reach the metrics")
     ok("NetworkPolicy: none by default; the HTTP port from the peers named, out to NATS's ports and DNS only when peers are named")
 
     config_sum = lambda *sets: by_kind(docs(helm("template", "lg", CHART, *[a for s in sets for a in ("--set", s)]).stdout), "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
@@ -432,7 +436,6 @@ def main():
     if not before or before == after:
         fail(f"the secret checksum did not change with the secret: {before} {after}")
     # The notes name the image that runs, and say when none does.
-    notes = lambda *sets: helm("install", "lg", CHART, "--dry-run=client", *[a for s in sets for a in ("--set", s)]).stdout.split("NOTES:")[-1].lstrip()
     if not notes("image.tag=9.9.9").startswith("loopguard 9.9.9 is judging") or "no loopguard runs" not in notes("replicaCount=0"):
         fail(f"the install notes do not name the image's tag, or say nothing of replicaCount 0: {notes('replicaCount=0')}")
     # The schema refuses a password in the URL; past it, the notes still hide it.
