@@ -459,7 +459,7 @@ pub fn handle(admin: &Admin, req: Request<Incoming>) -> Reply {
                 .state_bytes
                 .set(bytes.try_into().unwrap_or(i64::MAX));
             admin.metrics.set_worlds_by_state(worlds_by_state(admin));
-            admin.metrics.sync_client_drops();
+            admin.metrics.sync_client_counts();
             if let Some(connected) = admin.readiness.connected() {
                 admin.metrics.nats_connected.set(i64::from(connected));
             }

@@ -147,7 +147,7 @@ pub async fn run(
     // Egress subjects the server refused a publish to (`egress_acks`).
     let refusals = Arc::new(publish::Refusals::default());
     let client = connect(&settings, judge.subjects(), &metrics, &readiness, &refusals).await?;
-    metrics.count_client_drops(&client);
+    metrics.count_client(&client);
     // One stop signal, observable by every stage: set-up retries, intake
     // and the grace timer.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -815,7 +815,7 @@ async fn connect(
                     async_nats::Event::Connected => {
                         m.nats_connected.set(1);
                         if was_connected.swap(true, Ordering::SeqCst) {
-                            m.nats_reconnects.inc();
+                            m.sync_client_counts();
                             // Ready once the server holds the subscriptions
                             // the client sends again.
                             readiness.confirm();

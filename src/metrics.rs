@@ -26,7 +26,9 @@ pub struct Metrics {
     pub worlds: IntGauge,
     pub state_bytes: IntGauge,
     pub nats_connected: IntGauge,
-    pub nats_reconnects: IntCounter,
+    /// Taken from the client's count of connections (see
+    /// [`Metrics::sync_client_counts`]).
+    nats_reconnects: IntCounter,
     /// 1 while `/readyz` answers 200; what "not ready" alerts watch.
     pub ready: IntGauge,
     dropped: IntCounterVec,
@@ -49,18 +51,28 @@ pub struct Metrics {
     jetstream: [IntGaugeVec; 2],
     /// When each drop reason was last logged, and how many since.
     drop_log: Arc<[LogLimit; DropReason::ALL.len()]>,
-    /// The client's own count of what it dropped for a full subscription.
-    client_drops: Arc<ClientDrops>,
+    /// The client's own counts of its connections and of what it dropped
+    /// for a full subscription.
+    client: Arc<ClientCounts>,
 }
 
-/// The NATS client's count of the messages it dropped because their
-/// subscription was full (patched async-nats: vendor/async-nats/PATCH.md),
-/// and how much of it `loopguard_dropped_total{reason="slow_consumer"}`
-/// holds.
+/// The NATS client's counts of its connections and of the messages it
+/// dropped because their subscription was full (patched async-nats:
+/// vendor/async-nats/PATCH.md), and how much of each the metrics hold.
 #[derive(Default)]
-struct ClientDrops {
+struct ClientCounts {
     stats: OnceLock<Arc<async_nats::Statistics>>,
-    counted: AtomicU64,
+    reconnects: AtomicU64,
+    drops: AtomicU64,
+}
+
+/// Adds to `counter` what `total` holds beyond `counted`, and keeps
+/// `total` as counted: each unit once, however the calls interleave.
+fn take_count(total: u64, counted: &AtomicU64, counter: &IntCounter) {
+    let before = counted.fetch_max(total, Ordering::Relaxed);
+    if total > before {
+        counter.inc_by(total - before);
+    }
 }
 
 /// The counters of `loopguard_world_evictions_total`, by cause, which the
@@ -420,7 +432,7 @@ impl Metrics {
             policy_duration,
             by_state,
             drop_log: Arc::new(Default::default()),
-            client_drops: Arc::default(),
+            client: Arc::default(),
         }
     }
 
@@ -479,40 +491,44 @@ impl Metrics {
         self.log_limited(reason, detail);
     }
 
-    /// Counts, from now on, the messages `client` drops because their
-    /// subscription is full (see [`Metrics::sync_client_drops`]).
-    pub fn count_client_drops(&self, client: &async_nats::Client) {
-        let _ = self.client_drops.stats.set(client.statistics());
+    /// Counts, from now on, `client`'s reconnects and the messages it
+    /// drops because their subscription is full (see
+    /// [`Metrics::sync_client_counts`]).
+    pub fn count_client(&self, client: &async_nats::Client) {
+        let _ = self.client.stats.set(client.statistics());
+        self.sync_client_counts();
     }
 
-    /// Takes into `loopguard_dropped_total{reason="slow_consumer"}` the
-    /// messages the client dropped for a full subscription since the last
-    /// call, from the client's own count: the event each drop raises can
-    /// itself be dropped (the client's event queue holds 128), as it is in
-    /// a flood. Called at each such event and at each scrape. Returns the
-    /// client's total.
-    pub fn sync_client_drops(&self) -> u64 {
-        let Some(stats) = self.client_drops.stats.get() else {
+    /// Takes into `loopguard_nats_reconnects_total` and
+    /// `loopguard_dropped_total{reason="slow_consumer"}` the reconnects and
+    /// the drops for a full subscription since the last call, from the
+    /// client's own counts: the event each raises can itself be dropped
+    /// (the client's event queue holds 128), as it is in a flood of drops,
+    /// when the server may well close the connection too. Called at each
+    /// such event and at each scrape. Returns the client's drops in all.
+    pub fn sync_client_counts(&self) -> u64 {
+        let Some(stats) = self.client.stats.get() else {
             return 0;
         };
-        let total = stats.dropped_messages.load(Ordering::Relaxed);
-        // Each drop is taken once, however the calls interleave.
-        let counted = self
-            .client_drops
-            .counted
-            .fetch_max(total, Ordering::Relaxed);
-        if total > counted {
-            self.dropped
-                .with_label_values(&[DropReason::SlowConsumer.as_str()])
-                .inc_by(total - counted);
-        }
-        total
+        // The first connection is no reconnect.
+        let connects = stats.connects.load(Ordering::Relaxed);
+        take_count(
+            connects.saturating_sub(1),
+            &self.client.reconnects,
+            &self.nats_reconnects,
+        );
+        let drops = stats.dropped_messages.load(Ordering::Relaxed);
+        let counter = self
+            .dropped
+            .with_label_values(&[DropReason::SlowConsumer.as_str()]);
+        take_count(drops, &self.client.drops, &counter);
+        drops
     }
 
     /// The client's event for a message it dropped, its subscription `sid`
     /// full: counts its drops and logs, at most once every ten seconds.
     pub fn client_dropped(&self, sid: u64) {
-        let total = self.sync_client_drops();
+        let total = self.sync_client_counts();
         self.log_limited(
             DropReason::SlowConsumer,
             &format_args!(
@@ -602,6 +618,16 @@ mod tests {
         assert_eq!(limit.due_at(at(10.5)), None);
         assert_eq!(limit.due_at(at(60.0)), Some(2));
     }
+    #[test]
+    fn a_count_taken_from_a_total_adds_each_unit_once() {
+        let counter = IntCounter::new("c", "c").unwrap();
+        let counted = AtomicU64::new(0);
+        for (total, want) in [(5, 5), (3, 5), (5, 5), (7, 7), (0, 7)] {
+            take_count(total, &counted, &counter);
+            assert_eq!(counter.get(), want, "after a total of {total}");
+        }
+    }
+
     #[test]
     fn consumer_counts_are_shown_while_known_and_only_then() {
         let metrics = Metrics::new();
