@@ -251,6 +251,9 @@ def main():
                 # a NetworkPolicy peer must say something; ports are TCP ports
                 "networkPolicy.ingressFrom[0]=null", "networkPolicy.egressPorts[0]=0",
                 "networkPolicy.egressPorts[0]=65536", "networkPolicy.enabled=yes",
+                "networkPolicy.ingressFrom[0].podSelecter.matchLabels.a=b", "networkPolicy.egressTo[0].ipBlock.except[0]=10.1.0.0/16",
+                "networkPolicy.ingressFrom[0].ipBlock.cidr=10.0.0.0/8,networkPolicy.ingressFrom[0].podSelector.matchLabels.a=b",
+                "networkPolicy.egressPorts={4222,4222}",
                 # a client certificate needs the Secret it comes from; a pull secret needs a name
                 "auth.tlsClientCertificate=true", "imagePullSecrets[0].nam=regcred",
                 # a bare word that is no level (loopguard reads it as a target and logs nothing else)
@@ -408,9 +411,21 @@ def main():
     if np["ingress"] != [{"from": full["ingressFrom"], "ports": [{"port": "http", "protocol": "TCP"}]}] or not http_port:
         fail(f"full: NetworkPolicy ingress {np['ingress']}")
     nats_ports = [{"port": p, "protocol": "TCP"} for p in full["egressPorts"]]
-    dns = [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
-    if np["policyTypes"] != ["Ingress", "Egress"] or np["egress"] != [{"to": full["egressTo"], "ports": nats_ports}, {"ports": dns}]:
+    dns = [{"port": p, "protocol": proto} for p in full["dnsPorts"] for proto in ("UDP", "TCP")]
+    if np["policyTypes"] != ["Ingress", "Egress"] or np["egress"] != [{"to": full["egressTo"], "ports": nats_ports}, {"ports": dns, "to": full["dnsTo"]}]:
         fail(f"full: NetworkPolicy egress {np.get('policyTypes')} {np.get('egress')}")
+    # DNS anywhere by default; each port of nats.url must be open, by its
+    # scheme's default port when it names none.
+    limited = "networkPolicy.enabled=true,networkPolicy.egressTo[0].ipBlock.cidr=10.0.0.0/8"
+    dns_any = by_kind(docs(helm("template", "lg", CHART, "--set", limited).stdout), "NetworkPolicy")["spec"]["egress"][1]
+    if dns_any != {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}:
+        fail(f"networkPolicy with egressTo alone: DNS rule {dns_any}")
+    for url, ports, accepted in [("nats://a:4222\\,tls://b:4223", "4222", False), ("nats://a:4222\\,tls://b:4223", "4222,4223", True),
+                                 ("nats-host", "4222", True), ("wss://nats.example.com", "4222", False),
+                                 ("wss://nats.example.com", "443", True), ("ws://[::1]:8080/path", "8080", True), ("ws://h", "4222", False)]:
+        p = helm("template", "lg", CHART, "--set", f"{limited},config.nats.url={url},networkPolicy.egressPorts={{{ports}}}", expect_ok=False)
+        if (p.returncode == 0) != accepted or (not accepted and "leaves out port" not in p.stderr):
+            fail(f"networkPolicy.egressPorts={ports} with nats.url={url}: expected {'accepted' if accepted else 'a port left out'}: {p.stderr}")
     bare = by_kind(docs(helm("template", "lg", CHART, "--set", "networkPolicy.enabled=true").stdout), "NetworkPolicy")["spec"]
     notes = lambda *sets: helm("install", "lg", CHART, "--dry-run=client", *[a for s in sets for a in ("--set", s)]).stdout.split("NOTES:")[-1].lstrip()
     if bare.get("ingress") != [] or bare["policyTypes"] != ["Ingress"] or "egress" in bare:
@@ -418,7 +433,8 @@ def main():
     if "Prometheus cannot scrape" not in notes("networkPolicy.enabled=true") or \
             "Prometheus cannot scrape" in notes("networkPolicy.enabled=true", "networkPolicy.ingressFrom[0].ipBlock.cidr=10.0.0.0/8"):
         fail("the install notes do not warn (only) when the NetworkPolicy lets no one reach the metrics")
-    ok("NetworkPolicy: none by default; the HTTP port from the peers named, out to NATS's ports and DNS only when peers are named")
+    ok("NetworkPolicy: none by default; the HTTP port from the peers named, out to NATS's ports and DNS only when peers are named; "
+       "a nats.url port left out refused; peers and ports schema-checked; the notes warn when no one may scrape")
 
     config_sum = lambda *sets: by_kind(docs(helm("template", "lg", CHART, *[a for s in sets for a in ("--set", s)]).stdout), "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     if config_sum() == config_sum("config.rules.turns.max=5"):

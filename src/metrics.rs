@@ -64,6 +64,8 @@ struct ClientCounts {
     stats: OnceLock<Arc<async_nats::Statistics>>,
     reconnects: AtomicU64,
     drops: AtomicU64,
+    /// The drops in all at the last log line about them.
+    logged_drops: AtomicU64,
 }
 
 /// Adds to `counter` what `total` holds beyond `counted`, and keeps
@@ -317,7 +319,7 @@ impl Metrics {
         };
         let dropped = counter_vec(
             "loopguard_dropped_total",
-            "Messages lost or outputs not sent, by reason (a lower bound for the server's slow-consumer drops).",
+            "Messages lost or outputs not sent, by reason (server_slow_consumer and publish_error are lower bounds; slow_consumer in JetStream mode is redelivered).",
             &["reason"],
         );
         // Every reason from zero, like the other counters: a series born at
@@ -527,13 +529,19 @@ impl Metrics {
 
     /// The client's event for a message it dropped, its subscription `sid`
     /// full: counts its drops and logs, at most once every ten seconds.
+    /// The line's count is of drops, not of the events that got through.
     pub fn client_dropped(&self, sid: u64) {
         let total = self.sync_client_counts();
-        self.log_limited(
-            DropReason::SlowConsumer,
-            &format_args!(
-                "subscription {sid} buffer full ({total} messages dropped since start); raise nats.subscription_capacity"
-            ),
+        let reason = DropReason::SlowConsumer;
+        if self.drop_log[reason as usize].due().is_none() {
+            return;
+        }
+        let count =
+            total.saturating_sub(self.client.logged_drops.fetch_max(total, Ordering::Relaxed));
+        tracing::warn!(
+            reason = reason.as_str(), count, total,
+            detail = %format_args!("subscription {sid} buffer full; raise nats.subscription_capacity"),
+            "messages dropped"
         );
     }
 
