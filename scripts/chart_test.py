@@ -250,7 +250,7 @@ def main():
                 "serviceMonitor.interval=", "serviceMonitor.interval=1m30", "serviceMonitor.interval=30s5",
                 # a NetworkPolicy peer must say something; ports are TCP ports
                 "networkPolicy.ingressFrom[0]=null", "networkPolicy.egressPorts[0]=0",
-                "networkPolicy.egressPorts[0]=65536", "networkPolicy.enabled=yes",
+                "networkPolicy.egressPorts[0]=65536", "networkPolicy.enabled=yes", "priorityClassName=Platform_Critical",
                 "networkPolicy.ingressFrom[0].podSelecter.matchLabels.a=b", "networkPolicy.egressTo[0].ipBlock.except[0]=10.1.0.0/16",
                 "networkPolicy.ingressFrom[0].ipBlock.cidr=10.0.0.0/8,networkPolicy.ingressFrom[0].podSelector.matchLabels.a=b",
                 "networkPolicy.egressPorts={4222,4222}",
@@ -381,6 +381,9 @@ def main():
         grace = int(toml.split("grace_seconds = ")[1].split()[0])
         if pod["spec"]["terminationGracePeriodSeconds"] <= grace:
             fail(f"{name}: terminationGracePeriodSeconds {pod['spec']['terminationGracePeriodSeconds']} is not longer than the drain ({grace}s)")
+        want_priority = yaml.safe_load(open(full_values)).get("priorityClassName") if name == "full" else None
+        if pod["spec"].get("priorityClassName") != want_priority:
+            fail(f"{name}: priorityClassName {pod['spec'].get('priorityClassName')!r}, expected {want_priority!r}")
         if not c.get("resources", {}).get("requests"):
             fail(f"{name}: no resource requests")
         if "checksum/config" not in pod["metadata"]["annotations"]:
