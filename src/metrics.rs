@@ -228,24 +228,33 @@ impl Handoff {
     }
 }
 
+/// `metric`, registered in `registry`.
+fn registered<M: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: M,
+) -> M {
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("each metric is registered once");
+    metric
+}
+
 impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
         let counter_vec = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels)
-                .expect("metric definitions are static and valid");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("each metric is registered once");
-            c
+            let c = IntCounterVec::new(Opts::new(name, help), labels);
+            registered(
+                &registry,
+                c.expect("metric definitions are static and valid"),
+            )
         };
         let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
-            let g = IntGaugeVec::new(Opts::new(name, help), labels)
-                .expect("metric definitions are static and valid");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("each metric is registered once");
-            g
+            let g = IntGaugeVec::new(Opts::new(name, help), labels);
+            registered(
+                &registry,
+                g.expect("metric definitions are static and valid"),
+            )
         };
         let messages = counter_vec(
             "loopguard_messages_total",
