@@ -364,9 +364,7 @@ impl Metrics {
             ]),
         )
         .expect("static histogram");
-        registry
-            .register(Box::new(policy_duration.clone()))
-            .expect("each metric is registered once");
+        let policy_duration = registered(&registry, policy_duration);
         let reloads_vec = counter_vec(
             "loopguard_config_reloads_total",
             "Configuration reloads (SIGHUP, or a change to the watched file), by result: success, or failure (the old configuration stays).",
