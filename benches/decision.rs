@@ -4,7 +4,8 @@
 //! single decisions and prints their percentiles, since the target is a p99:
 //! a world's first message (which creates its state) apart from the rest,
 //! and then the same decisions with the world cache's upkeep between them,
-//! as a worker below saturation does it when its queue runs empty. Those
+//! as a worker does it between two messages (or when its queue runs
+//! empty), so that no decision applies it itself. Those
 //! worlds are young (about twenty messages each), their state still
 //! growing; a last set times decisions in busy worlds long after their
 //! start, each remembering its most messages, and prints what such a world
@@ -233,9 +234,9 @@ fn decision(c: &mut Criterion) {
         .map(|i| later[i])
         .collect();
     // The same decisions with the world cache's upkeep done between them,
-    // untimed, as the workers do when none has a message queued (below
-    // saturation): it runs every 32 lookups here, so no decision applies
-    // moka's log itself (64 lookups, or 300 ms since the last upkeep).
+    // untimed, as a worker does between two messages: every 32 lookups, so
+    // no decision applies moka's log itself (at 64 lookups, or 300 ms
+    // since the last upkeep), as the back-to-back ones above do.
     let (idle, _) = single_decisions(&inputs, true);
     // Busy worlds long after their start: each remembers its most messages,
     // and its other windows are as full as the workload's pace fills them.
@@ -335,7 +336,7 @@ fn single_decisions(inputs: &[(String, Vec<u8>)], upkeep: bool) -> (Vec<u64>, us
             let took = start.elapsed().as_nanos() as u64;
             approved += usize::from(d.is_some_and(|d| d.outcome == Outcome::Approved));
             if upkeep {
-                judge.upkeep();
+                judge.upkeep_between();
             }
             took
         })

@@ -366,6 +366,12 @@ impl Judge {
         self.worlds.upkeep();
     }
 
+    /// The world cache's upkeep between two decisions, when due (see
+    /// [`Worlds::upkeep_between`]).
+    pub fn upkeep_between(&self) {
+        self.worlds.upkeep_between();
+    }
+
     pub fn worlds(&self) -> &Worlds {
         &self.worlds
     }

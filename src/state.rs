@@ -1666,13 +1666,24 @@ impl Worlds {
     /// [`UPKEEP_EVERY`]. Moka applies it itself on every 64th lookup (or
     /// the first after 300 ms), and that lookup takes several microseconds
     /// longer: 64 list updates in memory mostly out of the CPU caches. The
-    /// workers call this when none of them has a message queued, so below
-    /// saturation the upkeep is taken out of the decisions; at saturation
-    /// moka still does it inside a lookup. The work is the same.
+    /// workers call this when none of them has a message queued, and
+    /// [`Worlds::upkeep_between`] between two messages, so no decision
+    /// applies the log itself. The work is the same, done between them.
     pub fn upkeep(&self) {
         // Nothing logged: not even a clock read (this runs whenever the
         // workers run dry, at moderate rates after most messages).
         if self.upkeep.lookups.load(Ordering::Relaxed) != 0 {
+            self.upkeep_at(self.upkeep.start.elapsed());
+        }
+    }
+
+    /// [`Worlds::upkeep`] between two messages of a busy worker: only once
+    /// [`UPKEEP_AFTER`] lookups have built up, and otherwise no clock read
+    /// (it runs after every message). At saturation, where the workers'
+    /// queues never run dry, this keeps the log below the 64 lookups at
+    /// which moka would apply it inside a decision.
+    pub fn upkeep_between(&self) {
+        if self.upkeep.lookups.load(Ordering::Relaxed) >= UPKEEP_AFTER {
             self.upkeep_at(self.upkeep.start.elapsed());
         }
     }
@@ -2303,6 +2314,25 @@ mod tests {
         worlds.upkeep_at(last + UPKEEP_EVERY);
         assert_eq!(lookups(), 0);
         assert_eq!(worlds.cache.entry_count(), u64::from(UPKEEP_AFTER) + 1);
+    }
+
+    #[test]
+    fn between_messages_the_cache_log_is_applied_by_lookups_alone() {
+        let settings = crate::config::Config::default().validate().unwrap();
+        let worlds = Worlds::new(&settings, crate::metrics::Metrics::new().evicted);
+        let now = Instant::now();
+        let lookups = || worlds.upkeep.lookups.load(Ordering::Relaxed);
+        for i in 0..UPKEEP_AFTER {
+            worlds.upkeep_between();
+            assert_eq!(lookups(), i, "too few lookups: left for later");
+            worlds.get_or_create(&name(&format!("w{i}")), &settings.default_world, now);
+        }
+        // However little time passed: a busy worker's next lookups would
+        // otherwise reach moka's own 64 inside a decision.
+        worlds.upkeep_between();
+        assert_eq!(lookups(), 0);
+        // Applied: moka counts a new world only then.
+        assert_eq!(worlds.cache.entry_count(), u64::from(UPKEEP_AFTER));
     }
 
     #[test]

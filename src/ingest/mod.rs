@@ -356,6 +356,9 @@ impl Worker {
             };
             self.queued.fetch_sub(1, Ordering::Relaxed);
             self.handle(work).await;
+            // Between two messages, not inside the next decision: the
+            // world cache's upkeep once enough lookups built up.
+            self.judge.upkeep_between();
         }
         self.settle_acks().await;
     }
