@@ -1619,6 +1619,8 @@ impl Worlds {
         if waiting.is_some() {
             return waiting;
         }
+        // A lookup in the cache's log like a message's (see `upkeep`).
+        self.upkeep.lookups.fetch_add(1, Ordering::Relaxed);
         let handle = self.cache.get(world)?;
         // A second's grace: a worker's clock reading may be a second
         // behind this one when it stores the world's use.
@@ -1677,11 +1679,13 @@ impl Worlds {
         }
     }
 
-    /// [`Worlds::upkeep`] between two messages of a busy worker: only once
-    /// [`UPKEEP_AFTER`] lookups have built up, and otherwise no clock read
-    /// (it runs after every message). At saturation, where the workers'
-    /// queues never run dry, this keeps the log below the 64 lookups at
-    /// which moka would apply it inside a decision.
+    /// [`Worlds::upkeep`] between two decisions of a busy worker: only once
+    /// [`UPKEEP_AFTER`] lookups have built up, however long ago the last
+    /// upkeep was, and otherwise with no clock read (it runs after every
+    /// decision). At saturation, where the workers' queues never run dry,
+    /// this keeps the log below the 64 lookups at which moka would apply
+    /// it inside a decision. (Moka still does so after 64 writes, new
+    /// worlds and re-weighings, or while evictions are backlogged: rarer.)
     pub fn upkeep_between(&self) {
         if self.upkeep.lookups.load(Ordering::Relaxed) >= UPKEEP_AFTER {
             self.upkeep_at(self.upkeep.start.elapsed());
@@ -1702,8 +1706,10 @@ impl Worlds {
         {
             return;
         }
-        // One caller does it (with several runtime threads, two idle
-        // workers may both get here); lookups counted meanwhile count on.
+        // One caller does it (with several runtime threads, two workers
+        // may both get here); lookups counted meanwhile count on. One that
+        // loses the race leaves the count at UPKEEP_AFTER or more: the
+        // next message's `upkeep_between` tries again.
         if upkeep
             .lookups
             .compare_exchange(lookups, 0, Ordering::Relaxed, Ordering::Relaxed)
@@ -2319,20 +2325,40 @@ mod tests {
     #[test]
     fn between_messages_the_cache_log_is_applied_by_lookups_alone() {
         let settings = crate::config::Config::default().validate().unwrap();
-        let worlds = Worlds::new(&settings, crate::metrics::Metrics::new().evicted);
+        let mut worlds = Worlds::new(&settings, crate::metrics::Metrics::new().evicted);
+        // The cache made a second ago, its last upkeep then: past
+        // UPKEEP_EVERY, after which `upkeep` would apply any lookup.
+        let start = Instant::now().checked_sub(Duration::from_secs(1)).unwrap();
+        worlds.upkeep = Arc::new(Upkeep {
+            lookups: AtomicU32::new(0),
+            at: AtomicU64::new(0),
+            start,
+        });
         let now = Instant::now();
         let lookups = || worlds.upkeep.lookups.load(Ordering::Relaxed);
+        let look = |i: u32| {
+            worlds.get_or_create(&name(&format!("w{i}")), &settings.default_world, now);
+        };
         for i in 0..UPKEEP_AFTER {
             worlds.upkeep_between();
             assert_eq!(lookups(), i, "too few lookups: left for later");
-            worlds.get_or_create(&name(&format!("w{i}")), &settings.default_world, now);
+            look(i);
         }
+        // Not applied yet: moka counts a new world only once it is.
+        assert_eq!(worlds.cache.entry_count(), 0);
         // However little time passed: a busy worker's next lookups would
         // otherwise reach moka's own 64 inside a decision.
         worlds.upkeep_between();
         assert_eq!(lookups(), 0);
-        // Applied: moka counts a new world only then.
         assert_eq!(worlds.cache.entry_count(), u64::from(UPKEEP_AFTER));
+        // Lookups of worlds held count alike, and so do the admin API's.
+        for i in 0..UPKEEP_AFTER - 1 {
+            look(i);
+        }
+        worlds.get(&name("w0"), now);
+        assert_eq!(lookups(), UPKEEP_AFTER);
+        worlds.upkeep_between();
+        assert_eq!(lookups(), 0);
     }
 
     #[test]

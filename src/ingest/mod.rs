@@ -356,9 +356,6 @@ impl Worker {
             };
             self.queued.fetch_sub(1, Ordering::Relaxed);
             self.handle(work).await;
-            // Between two messages, not inside the next decision: the
-            // world cache's upkeep once enough lookups built up.
-            self.judge.upkeep_between();
         }
         self.settle_acks().await;
     }
@@ -520,7 +517,12 @@ impl Worker {
     /// policy service.
     fn decide(&self, origin: Origin, message: &Message, stable_id: Option<&str>) -> Decided {
         let fallback = fallback_id(message, stable_id);
-        match self.judge.decide(origin, &message.payload, fallback) {
+        let decided = self.judge.decide(origin, &message.payload, fallback);
+        // Between two decisions, not inside the next one (whichever path
+        // brings it: a new message, or one held back behind a policy
+        // answer): the world cache's upkeep, once enough lookups built up.
+        self.judge.upkeep_between();
+        match decided {
             None => Decided::Now(Vec::new()),
             Some(mut decision) => match decision.policy.take() {
                 Some(check) => Decided::Asking(Box::new(decision), check),
