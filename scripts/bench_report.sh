@@ -34,7 +34,13 @@ about 1.8 times the input's size; (b) relays one unchanged copy. So
 (b2)/(b) is the ceiling in rate and the floor in CPU of any relay with
 loopguard's output, and (a2)/(b) a rough ceiling only: its producers
 format each copy in the benchmark's own process (112-114% of a CPU in its
-failed steps of 2026-11-23 08:54 UTC), which may be what limits it. Loss
+failed steps of 2026-11-23 08:54 UTC), which may be what limits it.
+(b2), `examples/copy_relay.rs`, parses nothing and holds no state (it
+reads the workload's arithmetic for what loopguard decides); side by side
+the benchmark checks that it published as many messages as loopguard and
+as many bytes within 1% (nats-server's `/connz`), and that loopguard's
+public and private copies are the ones the workload should yield: the
+run fails if not. Loss
 counts every copy against what the contract's rules should approve (a rule
 rejecting more than the designed ~10%, or a copy too many, fails the
 step); latency runs from when the producer's 1 ms schedule was due, so a
@@ -160,7 +166,7 @@ every message's world is out of the CPU caches: loopguard's cost a
 message is dominated by cache misses
 on its own state (moka's table and entry, the world's tables, allocator
 free lists of blocks freed long before), which (b) and (b2), holding no
-state, do not pay. Instruction-count cuts (callgrind) have stopped showing
+state, do not pay. The latest instruction and allocation cuts did not show
 in the relay's CPU: the allocation cuts of the 2026-11-23 13:40 UTC
 session found "no difference this benchmark resolves" (below). A layout
 touching fewer cache lines a world could lower it; ids held inline did not
@@ -173,13 +179,14 @@ pay (below). Earlier profiles agree:
   recording an approved message (9%) was growing young worlds' maps, whose
   rehash reads every key.
 - 2026-11-22, session 23, of (c1): in `decide`, an `Arc` released as an
-  old entry leaves (7.0%) and the duplicate window's scan (9%, before its
+  old entry leaves (7.0%) and the duplicate window's scan (9%, with its
   two queues), besides the parent's probe and thread-id count.
 - 2026-11-23, of (c1) (the build of 96fdd85): mimalloc's fast path 10.8%,
   almost all on the load of a free block's first word.
 - In process (no LTO, 2026-11-22): about 2.6 µs a decision over 1,000
-  worlds (in the caches), 3.3 µs over 100,000; a busy world at its steady
-  state takes about twice a young world's time.
+  worlds (in the caches), 3.3 µs over 100,000. Since 2026-11-23 01:39 UTC
+  the decision benchmark also times busy worlds at their steady state:
+  about twice a young world's time.
 
 ### What was tried, and what it measured
 
@@ -203,7 +210,8 @@ windows, the duplicate window's queues) are in the criterion notes.
   map's larger buckets).
 - 2026-11-22 19:20 UTC (b02f010): a message waiting for the policy handed
   aside, a `Nats-Msg-Id` on every event: neither showed in CPU a message;
-  (c1)/(b2) rate 0.76 → 0.67 came with a much slower machine.
+  (c1)/(b2) rate 0.76 → 0.67, in a run on a much slower machine, which
+  does not say whether the changes or the machine did that.
 - 2026-11-23 01:39 UTC (0c5e64f): a remembered message kept by a seeded
   64-bit hash of its id, no doubling of a full window, the duplicate
   window scanned 16 hashes at a time: a busy world 233 → 138 KiB resident,
@@ -235,8 +243,9 @@ windows, the duplicate window's queues) are in the criterion notes.
 - Not kept (undated): jemalloc for mimalloc (the same, loopguard alone at
   40-78k msg/s, within the noise); each id's hash kept beside it, so a
   growing message map reads no id (no faster in process).
-- No cost seen: the JetStream worker's grace-period check (08:54), a parse
-  error carrying its id, a speaker's key hashing its kind (06:50).
+- No cost seen: a parse error carrying its id, a speaker's key hashing its
+  kind (06:50). (The JetStream worker's grace-period check, 08:54, is not
+  on the relay's path: it runs core NATS with no policy hook.)
 
 The benchmark itself:
 
@@ -303,12 +312,17 @@ cat <<'NOTES'
   log itself once 32 lookups have built up or 200 ms have passed
   (`Judge::upkeep`): below saturation the upkeep was out of the
   decisions, at saturation moka still did it inside one. Since 2026-11-23
-  20:00 UTC a worker also applies it between two messages once 32 lookups
-  have built up (`Judge::upkeep_between`, no clock read otherwise), so at
-  saturation too no decision applies it: the same work, moved between
+  (7cd4fda, 0655849) a worker also applies it after each
+  decision once 32 lookups have built up (`Judge::upkeep_between`, no
+  clock read otherwise), whichever path the decision came by (a new
+  message, or one held back behind a policy answer), and the admin API's
+  lookups count too: so at saturation too no decision applies the read
+  log (moka still does after 64 writes, new worlds and re-weighings, or
+  while evictions are backlogged: rarer). The same work, moved between
   decisions. So the "back to back" lines time decisions with nothing
-  between them (what a saturated worker did until then), and "the cache's
-  upkeep between them" times them as a worker now makes them at any rate;
+  between them (what a saturated worker did until then), and those with
+  "the cache's upkeep between them" (the busy worlds' line too, since
+  then) time them as a worker now makes them at any rate;
   the upkeep's mean cost is a few % of a decision either way. In the relay
   this does not show: the decision-time histogram of (c1)'s rate search
   (builds before and after, in turn, 19:43-19:48 UTC) put 1.77% and 1.95%
@@ -345,8 +359,9 @@ cat <<'NOTES'
   phrases' longest words with one vectorised search.
 - **Noise**: criterion's timings move more than the code does. The same
   code's mean (approved events off) was 2.13-2.50 µs on the calm runs of
-  2026-11-22, up to 4.31 in slow stretches, and 3.03-4.97 over 2026-11-23
-  (4.97 at 04:48 UTC, with events on 3.68); on 2026-11-21, builds with and
+  2026-11-22 and up to 4.31 in slow stretches; over 2026-11-23 the mean
+  ranged 3.03-4.97 (4.97 at 04:48 UTC, with events on 3.68), while the
+  code changed little (within the noise, above); on 2026-11-21, builds with and
   without the conclusion prefilter in turn gave 4.67, 4.54 and 4.76, 3.55
   µs (3.34 that morning). The mention parser's time flags a slow CPU, not
   slow memory: at 2026-11-22 10:20 UTC (parser 86 ns) the four decision
