@@ -381,6 +381,18 @@ cat <<'NOTES'
   slow memory: at 2026-11-22 10:20 UTC (parser 86 ns) the four decision
   lines took 3.87 / 3.99 / 5.30 / 1.70 µs, minutes later 2.60 / 2.45 /
   3.49 / 1.55. The instruction count, not the time, shows a change.
+- **What else is in the young worlds' tail** (2026-11-23, 20:30-20:45
+  UTC, a temporary count in the decision benchmark, with the upkeep
+  between decisions): the decisions over 5 µs gather at each world's
+  17th message (4-9% of those, against 0.1-0.3% of most other turns in a
+  calm run), where its queues grow from 16 places to 32 (inferred from
+  their doubling, not traced); not the re-weighing that growth brings
+  (skipping it, in turn with the code as it is, left that count and the
+  p99 as they were). Nor is mimalloc's purge of freed pages (10 ms by
+  default) behind it: purging after 1 s or never took the benchmark's
+  minor page faults from 171,542 to 160,479 or 159,579 (-7%), and its
+  p99 moved less than between runs of one setting (4.44-6.81 µs over
+  nine runs in a noisy stretch). Neither was changed.
 - **loopguard's optional rules** (alternation, similar, low_content,
   budget, concluded; off by default, on in the relay's (c3) only) are set
   so that they seldom reject (the approval share printed before each
