@@ -2,14 +2,16 @@
 //! parse, envelope, every rule, routing, serialisation of every copy and the
 //! event), and the mention parser. The decision benchmark also times 200,000
 //! single decisions and prints their percentiles, since the target is a p99:
-//! a world's first message (which creates its state) apart from the rest,
-//! and then the same decisions with the world cache's upkeep between them,
-//! as a worker does it between two messages (or when its queue runs
-//! empty), so that no decision applies it itself. Those
-//! worlds are young (about twenty messages each), their state still
-//! growing; a last set times decisions in busy worlds long after their
-//! start, each remembering its most messages, and prints what such a world
-//! weighs.
+//! with the world cache's upkeep between them, as a worker does it between
+//! two messages (or when its queue runs empty), so that no decision applies
+//! it itself; then the same decisions back to back, a world's first message
+//! (which creates its state) apart from the rest. Those worlds are young
+//! (about twenty messages each), their state still growing, so some
+//! decisions take a page fault (the kernel mapping memory at its first
+//! touch): the thread's count, read around each decision outside its
+//! timing, splits them. A last set times decisions in busy worlds long
+//! after their start, each remembering its most messages, and prints what
+//! such a world weighs.
 //!
 //!   cargo bench --bench decision
 //!
@@ -211,7 +213,16 @@ fn decision(c: &mut Criterion) {
     // apart from the later ones (the steady state of a long-running sidecar).
     // At least five later messages a world, so human turns are among them.
     let inputs = inputs(worlds + 200_000.max(5 * worlds));
-    let (times, approved) = single_decisions(&inputs, false);
+    // First with the world cache's upkeep done between them, untimed, as a
+    // worker does between two messages: every 32 lookups, so no decision
+    // applies moka's log itself (at 64 lookups, or 300 ms since the last
+    // upkeep). This pass runs first, in memory the process has not used
+    // yet, as a young sidecar's worlds grow (the pass after it reuses much
+    // of what this one mapped, and takes a fifth of its page faults).
+    let (idle, idle_faulted, _) = single_decisions(&inputs, true);
+    // Then back to back, with nothing between: so moka applies its log
+    // inside every 64th decision.
+    let (times, back_faulted, approved) = single_decisions(&inputs, false);
     println!(
         "approved: single decisions: {:.1}% of {}",
         approved as f64 * 100.0 / inputs.len() as f64,
@@ -233,11 +244,6 @@ fn decision(c: &mut Criterion) {
         .filter(|&i| !is_human(i))
         .map(|i| later[i])
         .collect();
-    // The same decisions with the world cache's upkeep done between them,
-    // untimed, as a worker does between two messages: every 32 lookups, so
-    // no decision applies moka's log itself (at 64 lookups, or 300 ms
-    // since the last upkeep), as the back-to-back ones above do.
-    let (idle, _) = single_decisions(&inputs, true);
     // Busy worlds long after their start: each remembers its most messages,
     // and its other windows are as full as the workload's pace fills them.
     let busy_worlds = 2_000;
@@ -266,9 +272,7 @@ fn decision(c: &mut Criterion) {
     ] {
         let mut times = times.to_vec();
         times.sort_unstable();
-        let pct = |p: f64| {
-            times[((times.len() as f64 * p) as usize).min(times.len() - 1)] as f64 / 1000.0
-        };
+        let pct = |p: f64| percentile(&times, p);
         println!(
             "single decisions, {what} (n = {}): p50 {:.2} µs, p99 {:.2} µs, p99.9 {:.2} µs, max {:.2} µs",
             times.len(),
@@ -284,6 +288,59 @@ fn decision(c: &mut Criterion) {
         later.len(),
         slow.len() as f64 * 100.0 / later.len() as f64
     );
+    // The kernel maps a page at its first touch, inside whichever decision
+    // touches it: a young world's queues and maps grow into memory the
+    // process has not touched before (or whose pages its allocator gave
+    // back), which a decision pays for and a levelled-off sidecar seldom
+    // does.
+    for (what, times, faulted) in [
+        (
+            "later messages, all events on",
+            later,
+            &back_faulted[worlds..],
+        ),
+        (
+            "later messages, the cache's upkeep between them",
+            &idle[worlds..],
+            &idle_faulted[worlds..],
+        ),
+    ] {
+        print_fault_split(what, times, faulted);
+    }
+}
+
+/// Prints how many of `times` (ns) took a page fault, as `faulted` says,
+/// and the percentiles of those that took none.
+fn print_fault_split(what: &str, times: &[u64], faulted: &[bool]) {
+    let sorted = |with_fault: bool| {
+        let mut t: Vec<u64> = (0..times.len())
+            .filter(|&i| faulted[i] == with_fault)
+            .map(|i| times[i])
+            .collect();
+        t.sort_unstable();
+        t
+    };
+    let (with, without) = (sorted(true), sorted(false));
+    let over = |t: &[u64]| t.iter().filter(|&&t| t > 5_000).count();
+    println!(
+        "single decisions, {what}, by page faults: {} of {} ({:.2}%) took one, p50 {:.2} µs; the rest p50 {:.2} µs, p99 {:.2} µs; of the {} over 5 µs, {} took one",
+        with.len(),
+        times.len(),
+        with.len() as f64 * 100.0 / times.len() as f64,
+        percentile(&with, 0.5),
+        percentile(&without, 0.5),
+        percentile(&without, 0.99),
+        over(&with) + over(&without),
+        over(&with),
+    );
+}
+
+/// The `p` quantile of `sorted` (nanoseconds), in µs; 0 when empty.
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    match sorted.len() {
+        0 => 0.0,
+        n => sorted[((n as f64 * p) as usize).min(n - 1)] as f64 / 1000.0,
+    }
 }
 
 /// Times `judge`'s decisions of `inputs`, one after another, as `name`.
@@ -320,28 +377,40 @@ fn print_approved(name: &str, judge: Judge, inputs: &[(String, Vec<u8>)]) {
 }
 
 /// The time of each decision of `inputs`, in order, on a fresh judge with
-/// every event on, and how many were approved; with `upkeep`, the world
-/// cache's upkeep runs (untimed) after each one.
-fn single_decisions(inputs: &[(String, Vec<u8>)], upkeep: bool) -> (Vec<u64>, usize) {
+/// every event on; whether each took a page fault (the thread's count read
+/// before and after it, outside the timing); and how many were approved.
+/// With `upkeep`, the world cache's upkeep runs (untimed) after each one.
+fn single_decisions(inputs: &[(String, Vec<u8>)], upkeep: bool) -> (Vec<u64>, Vec<bool>, usize) {
     let clock = Workload::new();
     let judge = new_judge(true, false, clock.clone());
+    let mut times = Vec::with_capacity(inputs.len());
+    let mut faulted = Vec::with_capacity(inputs.len());
     let mut approved = 0;
-    let times = inputs
-        .iter()
-        .map(|(subject, payload)| {
-            clock.tick();
-            let start = Instant::now();
-            let origin = judge.subjects().parse(subject);
-            let d = std::hint::black_box(judge.decide(origin, payload, FallbackId::default()));
-            let took = start.elapsed().as_nanos() as u64;
-            approved += usize::from(d.is_some_and(|d| d.outcome == Outcome::Approved));
-            if upkeep {
-                judge.upkeep_between();
-            }
-            took
-        })
-        .collect();
-    (times, approved)
+    for (subject, payload) in inputs {
+        clock.tick();
+        let faults = minor_faults();
+        let start = Instant::now();
+        let origin = judge.subjects().parse(subject);
+        let d = std::hint::black_box(judge.decide(origin, payload, FallbackId::default()));
+        times.push(start.elapsed().as_nanos() as u64);
+        faulted.push(minor_faults() > faults);
+        approved += usize::from(d.is_some_and(|d| d.outcome == Outcome::Approved));
+        if upkeep {
+            judge.upkeep_between();
+        }
+    }
+    (times, faulted, approved)
+}
+
+/// This thread's minor page faults so far: each a first touch of memory
+/// the kernel had not yet mapped (the process growing), or had taken back.
+fn minor_faults() -> i64 {
+    // SAFETY: an all-zero `rusage` is a valid value, and `getrusage`
+    // writes only within it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // RUSAGE_THREAD cannot fail for the calling thread with a valid pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
+    usage.ru_minflt
 }
 
 /// The time of each of `n` decisions in `worlds` busy worlds, on a fresh
