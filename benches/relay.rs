@@ -463,6 +463,21 @@ impl Relay {
         cpu_of(&self.child.id().to_string())
     }
 
+    /// The relay's minor page faults so far, all its threads: each a first
+    /// touch of memory the kernel had not mapped yet (the process growing)
+    /// or had taken back (its allocator returning pages it later reuses).
+    fn minor_faults(&self) -> Result<u64, Error> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
+        // Fields after the command's closing bracket (a command may hold
+        // spaces and brackets) start at the third, the state; minflt is the
+        // tenth (proc(5)).
+        stat.rsplit_once(')')
+            .and_then(|(_, fields)| fields.split_whitespace().nth(10 - 3))
+            .ok_or("no minflt in /proc/<pid>/stat")?
+            .parse()
+            .map_err(Into::into)
+    }
+
     /// The highest resident memory (MiB) of the relay's life so far: the
     /// kernel's own high-water mark, warm-up and failed steps included.
     fn peak_rss(&self) -> Result<f64, Error> {
@@ -844,13 +859,19 @@ async fn paired_cpu(url: &str, monitor: &str, dir: &std::path::Path) -> Result<S
     let mut steps = Vec::new();
     for _ in 0..PAIRED_STEPS {
         let [b0, copying0, c0] = relays.map(Relay::cpu);
+        let faults0 = relays.map(Relay::minor_faults);
         send(url, Setup::LoopguardQuiet, COMMON_RATE, total, &mut next).await?;
         // Each step's CPU includes the relay's whole backlog.
         idle().await?;
+        let mut faults = [0.0; 3];
+        for ((f, relay), before) in faults.iter_mut().zip(relays).zip(faults0) {
+            *f = (relay.minor_faults()? - before?) as f64 / total as f64;
+        }
         steps.push(Paired {
             bare: per_message(bare.cpu()? - b0?),
             copying: per_message(copying.cpu()? - copying0?),
             loopguard: per_message(loopguard.cpu()? - c0?),
+            faults,
         });
     }
     let mirrored = Output::now(monitor, &loopguard)
@@ -868,11 +889,13 @@ struct Side {
     mirrored: Result<String, String>,
 }
 
-/// One step side by side: CPU µs per message of each relay.
+/// One step side by side: CPU µs per message of each relay, and minor
+/// page faults per message of (b), (b2) and (c1).
 struct Paired {
     bare: f64,
     copying: f64,
     loopguard: f64,
+    faults: [f64; 3],
 }
 
 /// Counters of what (b2) and (c1) published: from the server, messages and
@@ -1142,18 +1165,21 @@ async fn main() -> Result<(), Error> {
                 "**(b2) did not mirror (c1)**, so its column is not loopguard's output: {said}.\n"
             ),
         }
-        println!("| step | (b) µs/msg | (b2) µs/msg | (c1) µs/msg | (b2)/(b) | (c1)/(b2) | (c1)/(b) | (c1)/(b) target |");
-        println!("|---|---:|---:|---:|---:|---:|---:|---|");
+        println!("| step | (b) µs/msg | (b2) µs/msg | (c1) µs/msg | (b2)/(b) | (c1)/(b2) | (c1)/(b) | (c1)/(b) target | page faults a message, (b) / (b2) / (c1) |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---|---:|");
         for (i, p) in paired.iter().enumerate() {
             println!(
-                "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | ≤ 1.5 |",
+                "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | ≤ 1.5 | {:.4} / {:.4} / {:.4} |",
                 i + 1,
                 p.bare,
                 p.copying,
                 p.loopguard,
                 p.copying / p.bare,
                 p.loopguard / p.copying,
-                p.loopguard / p.bare
+                p.loopguard / p.bare,
+                p.faults[0],
+                p.faults[1],
+                p.faults[2],
             );
         }
         let median = |f: &dyn Fn(&Paired) -> f64| {
@@ -1162,7 +1188,7 @@ async fn main() -> Result<(), Error> {
             v[v.len() / 2]
         };
         println!(
-            "| median | | | | {:.2} | {:.2} | {:.2} | ≤ 1.5 |",
+            "| median | | | | {:.2} | {:.2} | {:.2} | ≤ 1.5 | |",
             median(&|p| p.copying / p.bare),
             median(&|p| p.loopguard / p.copying),
             median(&|p| p.loopguard / p.bare)
