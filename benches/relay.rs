@@ -463,9 +463,7 @@ impl Relay {
         cpu_of(&self.child.id().to_string())
     }
 
-    /// The relay's minor page faults so far, all its threads: each a first
-    /// touch of memory the kernel had not mapped yet (the process growing)
-    /// or had taken back (its allocator returning pages it later reuses).
+    /// The relay's minor page faults so far, all its threads.
     fn minor_faults(&self) -> Result<u64, Error> {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
         // Fields after the command's closing bracket (a command may hold
@@ -863,15 +861,15 @@ async fn paired_cpu(url: &str, monitor: &str, dir: &std::path::Path) -> Result<S
         send(url, Setup::LoopguardQuiet, COMMON_RATE, total, &mut next).await?;
         // Each step's CPU includes the relay's whole backlog.
         idle().await?;
-        let mut faults = [0.0; 3];
-        for ((f, relay), before) in faults.iter_mut().zip(relays).zip(faults0) {
+        let mut faults_per_message = [0.0; 3];
+        for ((f, relay), before) in faults_per_message.iter_mut().zip(relays).zip(faults0) {
             *f = (relay.minor_faults()? - before?) as f64 / total as f64;
         }
         steps.push(Paired {
             bare: per_message(bare.cpu()? - b0?),
             copying: per_message(copying.cpu()? - copying0?),
             loopguard: per_message(loopguard.cpu()? - c0?),
-            faults,
+            faults_per_message,
         });
     }
     let mirrored = Output::now(monitor, &loopguard)
@@ -889,13 +887,13 @@ struct Side {
     mirrored: Result<String, String>,
 }
 
-/// One step side by side: CPU µs per message of each relay, and minor
-/// page faults per message of (b), (b2) and (c1).
+/// One step side by side: CPU µs per message of each relay.
 struct Paired {
     bare: f64,
     copying: f64,
     loopguard: f64,
-    faults: [f64; 3],
+    /// Minor page faults per message of (b), (b2) and (c1).
+    faults_per_message: [f64; 3],
 }
 
 /// Counters of what (b2) and (c1) published: from the server, messages and
@@ -1165,7 +1163,7 @@ async fn main() -> Result<(), Error> {
                 "**(b2) did not mirror (c1)**, so its column is not loopguard's output: {said}.\n"
             ),
         }
-        println!("| step | (b) µs/msg | (b2) µs/msg | (c1) µs/msg | (b2)/(b) | (c1)/(b2) | (c1)/(b) | (c1)/(b) target | page faults a message, (b) / (b2) / (c1) |");
+        println!("| step | (b) µs/msg | (b2) µs/msg | (c1) µs/msg | (b2)/(b) | (c1)/(b2) | (c1)/(b) | (c1)/(b) target | minor page faults a message, (b) / (b2) / (c1) |");
         println!("|---|---:|---:|---:|---:|---:|---:|---|---:|");
         for (i, p) in paired.iter().enumerate() {
             println!(
@@ -1177,9 +1175,9 @@ async fn main() -> Result<(), Error> {
                 p.copying / p.bare,
                 p.loopguard / p.copying,
                 p.loopguard / p.bare,
-                p.faults[0],
-                p.faults[1],
-                p.faults[2],
+                p.faults_per_message[0],
+                p.faults_per_message[1],
+                p.faults_per_message[2],
             );
         }
         let median = |f: &dyn Fn(&Paired) -> f64| {
