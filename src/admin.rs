@@ -5,8 +5,9 @@
 //! connection displaces the oldest one that is not being answered; see
 //! [`Connections`]), headers within [`MAX_HEADER_BYTES`] and read within
 //! [`HEADER_TIMEOUT`], request bodies are never read (a request that
-//! announces one over [`MAX_BODY_BYTES`] gets 413), and at most [`HANDLERS`]
-//! requests other than the probes are answered at once.
+//! announces one over [`MAX_BODY_BYTES`] gets 413), at most [`HANDLERS`]
+//! requests other than the probes are answered at once, and a connection
+//! whose client takes none of its reply for [`WRITE_TIMEOUT`] is closed.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -41,6 +42,10 @@ pub const MAX_BODY_BYTES: u64 = 4 * 1024;
 pub const MAX_CONTEXT_BYTES: usize = 4 * 1024 * 1024;
 /// Time a client has to send its request head.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a reply's write may wait for the client to take any of it (a
+/// client that never reads holds its connection and the reply's memory,
+/// up to [`MAX_CONTEXT_BYTES`], until then).
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Requests other than the probes answered at once, each on a thread of
 /// tokio's blocking pool: plenty for Prometheus and an operator, and a bound
 /// on the threads clients can make loopguard hold (a thread returns to the
@@ -252,11 +257,13 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                     Ok(reply)
                 }
             });
+            let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
+            stream.set_write_timeout(Some(write_timeout()));
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .max_buf_size(MAX_HEADER_BYTES)
-                .serve_connection(TokioIo::new(stream), service);
+                .serve_connection(TokioIo::new(Box::pin(stream)), service);
             tokio::pin!(conn);
             tokio::select! {
                 ended = conn.as_mut() => if let Err(e) = ended {
@@ -278,6 +285,16 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
             }
         });
     }
+}
+
+/// [`WRITE_TIMEOUT`]; in debug builds, `LOOPGUARD_TEST_HTTP_WRITE_TIMEOUT_MS`
+/// when set, so that a test need not wait out the real one.
+fn write_timeout() -> Duration {
+    #[cfg(debug_assertions)]
+    if let Some(timeout) = crate::fault::http_write_timeout() {
+        return timeout;
+    }
+    WRITE_TIMEOUT
 }
 
 /// How long a displaced connection has to finish writing a reply.

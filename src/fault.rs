@@ -44,6 +44,14 @@ pub fn counts_every() -> Option<Duration> {
     millis(&EVERY, "LOOPGUARD_TEST_COUNTS_EVERY_MS").filter(|every| !every.is_zero())
 }
 
+/// Not a fault: a reply's write waits for its client at most
+/// `LOOPGUARD_TEST_HTTP_WRITE_TIMEOUT_MS`, not `admin::WRITE_TIMEOUT`, so
+/// that a test sees a connection closed within its time.
+pub fn http_write_timeout() -> Option<Duration> {
+    static TIMEOUT: OnceLock<Option<Duration>> = OnceLock::new();
+    millis(&TIMEOUT, "LOOPGUARD_TEST_HTTP_WRITE_TIMEOUT_MS").filter(|t| !t.is_zero())
+}
+
 /// Holds up loopguard's start, after the configuration is loaded and
 /// before reloads are set up, until the file `LOOPGUARD_TEST_HOLD_START`
 /// names exists (at most a minute), and says so in the log: a test then

@@ -343,6 +343,59 @@ async fn requests_whose_clients_hang_up_do_not_pile_up_threads() {
     }
 }
 
+/// A client that never reads its replies does not hold its connection, and
+/// the replies' memory, for good: once a reply's write has waited
+/// `WRITE_TIMEOUT` for the client to take any of it, loopguard closes the
+/// connection (here after a second, by a debug-only setting). Before, it
+/// stayed open until a newer connection displaced it, which only happens
+/// when every slot is taken. Pipelined probes, none read, fill the
+/// client's small receive window and loopguard's send buffer; loopguard
+/// then reads no more requests, so the client's writes stall too, until
+/// the connection is closed and they fail.
+#[cfg(debug_assertions)]
+#[tokio::test]
+async fn a_client_that_never_reads_its_replies_is_closed_after_the_write_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let nats = NatsServer::start();
+    let lg = support::Loopguard::spawn_env(
+        &nats.url(),
+        "",
+        &[("LOOPGUARD_TEST_HTTP_WRITE_TIMEOUT_MS", "1000")],
+    );
+    let addr = lg.http_addr().await;
+    support::until_readyz(&addr, 200).await;
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .set_recv_buffer_size(4096)
+        .expect("a small receive buffer");
+    let mut client = socket
+        .connect(addr.parse().expect("an address"))
+        .await
+        .expect("connect");
+    let requests = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n".repeat(1000);
+    let started = std::time::Instant::now();
+    let failed = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        loop {
+            if let Err(e) = client.write_all(&requests).await {
+                return e;
+            }
+        }
+    })
+    .await
+    .expect("loopguard closed the connection within 30 s");
+    assert!(
+        matches!(
+            failed.kind(),
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+        ),
+        "closed by loopguard: {failed}"
+    );
+    // Not before the client had stalled for the timeout (a second).
+    assert!(started.elapsed() >= std::time::Duration::from_secs(1));
+    // Others are still served.
+    assert_eq!(http(&addr, "GET", "/healthz", &[]).await.0, 200);
+}
+
 #[tokio::test]
 async fn readyz_is_503_while_nats_is_down_and_200_after_it_returns_on_the_same_port() {
     let mut h = Harness::start("").await;
