@@ -7,7 +7,8 @@
 //! [`HEADER_TIMEOUT`], request bodies are never read (a request that
 //! announces one over [`MAX_BODY_BYTES`] gets 413), at most [`HANDLERS`]
 //! requests other than the probes are answered at once, and a connection
-//! whose client takes none of its reply for [`WRITE_TIMEOUT`] is closed.
+//! that can write none of its reply for [`WRITE_TIMEOUT`] (its client reads
+//! nothing, and the socket's buffers are full) is closed.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -42,9 +43,11 @@ pub const MAX_BODY_BYTES: u64 = 4 * 1024;
 pub const MAX_CONTEXT_BYTES: usize = 4 * 1024 * 1024;
 /// Time a client has to send its request head.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest a reply's write may wait for the client to take any of it (a
-/// client that never reads holds its connection and the reply's memory,
-/// up to [`MAX_CONTEXT_BYTES`], until then).
+/// Longest a reply's write may wait without any of it being written: a
+/// client that never reads holds its connection, and the part of a large
+/// reply (a context, up to [`MAX_CONTEXT_BYTES`]) not yet written, until
+/// then. A small reply fits in the socket's buffers: its connection waits
+/// idle for its next request, and may be displaced (see [`Connections`]).
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Requests other than the probes answered at once, each on a thread of
 /// tokio's blocking pool: plenty for Prometheus and an operator, and a bound
@@ -257,13 +260,16 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                     Ok(reply)
                 }
             });
-            let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
-            stream.set_write_timeout(Some(write_timeout()));
+            let mut stream = tokio_io_timeout::TimeoutWriter::new(stream);
+            stream.set_timeout(Some(write_timeout()));
+            // Pinned here (its timer cannot move), so hyper is given an
+            // `Unpin` reference to it.
+            let stream = std::pin::pin!(stream);
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .max_buf_size(MAX_HEADER_BYTES)
-                .serve_connection(TokioIo::new(Box::pin(stream)), service);
+                .serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
             tokio::select! {
                 ended = conn.as_mut() => if let Err(e) = ended {

@@ -44,7 +44,7 @@ pub fn counts_every() -> Option<Duration> {
     millis(&EVERY, "LOOPGUARD_TEST_COUNTS_EVERY_MS").filter(|every| !every.is_zero())
 }
 
-/// Not a fault: a reply's write waits for its client at most
+/// Not a fault: a reply's write waits without progress at most
 /// `LOOPGUARD_TEST_HTTP_WRITE_TIMEOUT_MS`, not `admin::WRITE_TIMEOUT`, so
 /// that a test sees a connection closed within its time.
 pub fn http_write_timeout() -> Option<Duration> {

@@ -344,9 +344,8 @@ async fn requests_whose_clients_hang_up_do_not_pile_up_threads() {
 }
 
 /// A client that never reads its replies does not hold its connection, and
-/// the replies' memory, for good: once a reply's write has waited
-/// `WRITE_TIMEOUT` for the client to take any of it, loopguard closes the
-/// connection (here after a second, by a debug-only setting). Before, it
+/// the replies' memory, for good: once it has written none of its replies
+/// for `WRITE_TIMEOUT`, loopguard closes the connection (here after a second, by a debug-only setting). Before, it
 /// stayed open until a newer connection displaced it, which only happens
 /// when every slot is taken. Pipelined probes, none read, fill the
 /// client's small receive window and loopguard's send buffer; loopguard
@@ -368,10 +367,13 @@ async fn a_client_that_never_reads_its_replies_is_closed_after_the_write_timeout
     socket
         .set_recv_buffer_size(4096)
         .expect("a small receive buffer");
-    let mut client = socket
-        .connect(addr.parse().expect("an address"))
-        .await
-        .expect("connect");
+    let mut client = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        socket.connect(addr.parse().expect("an address")),
+    )
+    .await
+    .expect("connected within 5 s")
+    .expect("connect");
     let requests = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n".repeat(1000);
     let started = std::time::Instant::now();
     let failed = tokio::time::timeout(std::time::Duration::from_secs(30), async {
