@@ -38,6 +38,9 @@ use loopguard::judge::Judge;
 use loopguard::metrics::{Metrics, Outcome};
 use loopguard::state::MAX_REMEMBERED;
 
+#[path = "shared/rank.rs"]
+mod rank;
+
 /// Time between two messages of the workload: 20,000 a second.
 const STEP: Duration = Duration::from_micros(50);
 
@@ -343,10 +346,7 @@ fn print_fault_split(what: &str, times: &[u64], faulted: &[bool]) {
 
 /// The `p` quantile of `sorted` (nanoseconds), in µs; 0 when empty.
 fn percentile(sorted: &[u64], p: f64) -> f64 {
-    match sorted.len() {
-        0 => 0.0,
-        n => sorted[((n as f64 * p) as usize).min(n - 1)] as f64 / 1000.0,
-    }
+    rank::nearest(sorted, p).map_or(0.0, |ns| ns as f64 / 1000.0)
 }
 
 /// Times `judge`'s decisions of `inputs`, one after another, as `name`.

@@ -29,6 +29,8 @@ use futures::StreamExt;
 #[path = "shared/nats.rs"]
 #[allow(dead_code)] // the monitoring endpoint is for the relay benchmark
 mod nats;
+#[path = "shared/rank.rs"]
+mod rank;
 #[path = "shared/workload.rs"]
 #[allow(dead_code)]
 mod workload;
@@ -207,12 +209,7 @@ async fn measure(url: &str, dir: &std::path::Path, setup: Setup) -> Result<Row, 
         service.abort();
     }
     latencies.sort_unstable();
-    let pct = |p: f64| {
-        latencies
-            .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
-    };
+    let pct = |p: f64| rank::nearest(&latencies, p).unwrap_or_default();
     rates.sort_by(f64::total_cmp);
     Ok(Row {
         label: setup.label,

@@ -67,6 +67,8 @@ use futures::StreamExt;
 
 #[path = "shared/nats.rs"]
 mod nats;
+#[path = "shared/rank.rs"]
+mod rank;
 #[path = "shared/workload.rs"]
 mod workload;
 use workload::{id_of, message, AGENTS, WORLDS};
@@ -361,12 +363,7 @@ async fn send(
     collector.abort();
     let mut l = std::mem::take(&mut *latencies.lock().unwrap());
     l.sort_unstable();
-    let pct = |p: f64| -> Duration {
-        if l.is_empty() {
-            return Duration::MAX;
-        }
-        Duration::from_nanos(l[((l.len() as f64 * p) as usize).min(l.len() - 1)])
-    };
+    let pct = |p: f64| rank::nearest(&l, p).map_or(Duration::MAX, Duration::from_nanos);
     Ok(Outcome {
         rate: (total as f64 / sending.as_secs_f64()) as u64,
         offered: rate,
