@@ -27,7 +27,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
-use crate::clock::Clock;
+use crate::clock::{Clock, Stamp};
 use crate::judge::Judge;
 use crate::metrics::Metrics;
 use crate::names::Name;
@@ -545,7 +545,7 @@ fn worlds_by_state(admin: &Admin) -> [i64; Conversation::ALL.len()] {
             return counts;
         }
     }
-    let now = admin.clock.now();
+    let now = Stamp::of(admin.clock.now());
     let (window, hot) = conversation_limits(admin);
     let mut counts = [0; Conversation::ALL.len()];
     admin.judge.worlds().for_each(|_, handle| {
@@ -564,10 +564,12 @@ fn world_view(admin: &Admin, raw: &str) -> Reply {
         Ok(w) => w,
         Err(e) => return bad_world(e),
     };
-    let now = admin.clock.now();
+    // The cache takes the machine's instant, a world's state its stamp.
+    let instant = admin.clock.now();
+    let now = Stamp::of(instant);
     let (window, hot) = conversation_limits(admin);
     let show = |w: &state::WorldState| w.view(&world, now, w.conversation(now, window, hot));
-    let view = match admin.judge.worlds().get(&world, now) {
+    let view = match admin.judge.worlds().get(&world, instant) {
         Some(handle) => {
             // As its next message would find it after a reload: the pins,
             // the rate window, the pause.

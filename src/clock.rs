@@ -1,5 +1,6 @@
-//! Time, injected. Rules and state take instants as arguments; only the
-//! pipeline asks a [`Clock`], so tests drive time by hand and never sleep.
+//! Time, injected. Rules and state take the time as an argument (world
+//! state as a [`Stamp`]); only the pipeline asks a [`Clock`], so tests drive
+//! time by hand and never sleep.
 
 use std::cell::RefCell;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -35,6 +36,60 @@ impl Clock for SystemClock {
     fn wall(&self) -> SystemTime {
         SystemTime::now()
     }
+}
+
+/// A moment as world state keeps it: nanoseconds after a process-wide
+/// origin (when the first stamp is made), signed, so that a moment before the
+/// origin (a test clock's start) is kept exactly too; about 292 years
+/// either side, past which it saturates. Eight bytes where an [`Instant`] is
+/// sixteen (seconds and nanoseconds, padded), and a world keeps thousands
+/// of times: each agent's approvals for the rate rule, the duplicate
+/// window, the conversation's activity, and when on, the budget's and
+/// `similar`'s windows. Less memory a world, and fewer pages of it for a
+/// growing world to touch first (docs/benchmarks.md, criterion notes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Stamp(i64);
+
+impl Stamp {
+    /// The moment `at`.
+    pub fn of(at: Instant) -> Stamp {
+        static ORIGIN: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+        let origin = *ORIGIN;
+        match at.checked_duration_since(origin) {
+            Some(after) => Stamp(nanos(after)),
+            None => Stamp(-nanos(origin.duration_since(at))),
+        }
+    }
+
+    /// The time from `earlier` to this moment; zero if `earlier` is later.
+    pub fn since(self, earlier: Stamp) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0).max(0).unsigned_abs())
+    }
+}
+
+/// The moment `length` after: as late as a stamp can be, if that is past
+/// its range (where an `Instant` panics).
+impl std::ops::Add<Duration> for Stamp {
+    type Output = Stamp;
+
+    fn add(self, length: Duration) -> Stamp {
+        Stamp(self.0.saturating_add(nanos(length)))
+    }
+}
+
+/// The moment `length` before: as early as a stamp can be, if that is past
+/// its range (where an `Instant` panics).
+impl std::ops::Sub<Duration> for Stamp {
+    type Output = Stamp;
+
+    fn sub(self, length: Duration) -> Stamp {
+        Stamp(self.0.saturating_sub(nanos(length)))
+    }
+}
+
+/// `length` in nanoseconds, as many as an `i64` holds at most.
+fn nanos(length: Duration) -> i64 {
+    i64::try_from(length.as_nanos()).unwrap_or(i64::MAX)
 }
 
 /// An instant as RFC 3339 text with millisecond precision, UTC:
@@ -126,6 +181,48 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn stamps_keep_the_order_and_the_distance_of_their_instants() {
+        Stamp::of(Instant::now()); // the origin is set by now
+        let now = Instant::now();
+        let later = now + Duration::from_millis(1500);
+        assert!(Stamp::of(now).0 >= 0, "after the origin");
+        assert_eq!(
+            Stamp::of(later).since(Stamp::of(now)),
+            Duration::from_millis(1500)
+        );
+        assert_eq!(Stamp::of(now).since(Stamp::of(later)), Duration::ZERO);
+        assert!(Stamp::of(now) < Stamp::of(later));
+        // Before the origin: as exact, and still in order.
+        let earlier = now
+            .checked_sub(Duration::from_secs(3600))
+            .expect("Linux's monotonic clock reaches an hour back");
+        assert!(Stamp::of(earlier).0 < 0, "before the origin");
+        assert_eq!(
+            Stamp::of(now).since(Stamp::of(earlier)),
+            Duration::from_secs(3600)
+        );
+        assert!(Stamp::of(earlier) < Stamp::of(now));
+        let s = Stamp::of(now);
+        assert_eq!(
+            (s + Duration::from_secs(2)).since(s),
+            Duration::from_secs(2)
+        );
+        assert_eq!(s.since(s - Duration::from_secs(2)), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn stamps_saturate_at_the_ends_of_their_range() {
+        let (first, last) = (Stamp(i64::MIN), Stamp(i64::MAX));
+        assert_eq!(last.since(first), Duration::from_nanos(i64::MAX as u64));
+        assert_eq!(Stamp(i64::MIN + 1) - Duration::from_secs(1), first);
+        assert_eq!(Stamp(i64::MAX - 1) + Duration::from_secs(1), last);
+        assert_eq!(Stamp(0) - Duration::MAX, Stamp(-i64::MAX));
+        assert_eq!(Stamp(0) + Duration::MAX, last);
+        let centuries = Duration::from_secs(300 * 365 * 86_400);
+        assert_eq!(Stamp::of(Instant::now() + centuries), last);
     }
 
     #[test]

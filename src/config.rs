@@ -1403,7 +1403,7 @@ fn validate_rules(key: &str, rules: &RulesConfig, prefix: &str) -> Result<(), Co
             ));
         }
     }
-    // Each agent keeps its last `rate.max` approval times: 256 MiB for a
+    // Each agent keeps its last `rate.max` approval times: 128 MiB for a
     // full roster at this bound, more than a world is weighed at under a
     // small `state.max_bytes` (start-up warns of that: heaviest_parts).
     if rules.rate.max > MAX_RATE {

@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use smol_str::SmolStr;
 
-use crate::clock::{rfc3339, Clock, Rfc3339};
+use crate::clock::{rfc3339, Clock, Rfc3339, Stamp};
 use crate::config::{ConfigError, FailMode, Mode, Settings};
 use crate::envelope::{self, EnvelopeError, FallbackId};
 use crate::events;
@@ -151,7 +151,7 @@ struct Effects {
     id: Arc<str>,
     lineage: Lineage,
     content_hash: u64,
-    now: Instant,
+    now: Stamp,
     /// The sending agent and how many approval times to keep for it.
     agent: Option<(Name, usize)>,
     kind: SenderKind,
@@ -401,6 +401,7 @@ impl Judge {
                 let now = self.clock.now();
                 let ws = settings.world(&world);
                 let handle = self.worlds.get_or_create(&world, ws, now);
+                let now = Stamp::of(now);
                 let mut w = state::lock(&handle);
                 w.bring_onto(ws, settings.config.mode, now);
                 w.touch_agent(&agent, now);
@@ -645,6 +646,8 @@ impl Judge {
 
         let ws = settings.world(&world);
         let handle = self.worlds.get_or_create(&world, ws, now);
+        // The time as the world's state keeps it.
+        let now = Stamp::of(now);
         let mut w = state::lock(&handle);
         w.bring_onto(ws, settings.config.mode, now);
         let limits = &ws.rules;

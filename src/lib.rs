@@ -26,7 +26,8 @@
 //!   reset.
 //! - [`app`]: wiring, start-up and the graceful drain; [`shutdown`]: signals.
 //! - [`config`]: the TOML file and `LOOPGUARD__…` overrides, validated whole.
-//! - [`clock`]: injected time, so rules are tested without sleeping;
+//! - [`clock`]: injected time, so rules are tested without sleeping, and
+//!   [`clock::Stamp`], the 8-byte time world state keeps;
 //!   `fault` (debug builds only): the faults tests inject, by environment.
 #![forbid(unsafe_code)]
 

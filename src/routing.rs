@@ -9,8 +9,8 @@
 //! | system                                       | yes    | none                       |
 
 use std::collections::HashSet;
-use std::time::Instant;
 
+use crate::clock::Stamp;
 use crate::mentions;
 use crate::names::{Name, MAX_NAME_LEN};
 use crate::state::WorldState;
@@ -75,7 +75,7 @@ pub fn route(
     sender: &Name,
     content: &str,
     world: &WorldState,
-    now: Instant,
+    now: Stamp,
 ) -> Route {
     let mut buf = [0u8; MAX_NAME_LEN];
     let mut mentioned: Vec<Name> = Vec::new();
@@ -145,8 +145,8 @@ mod tests {
         Name::parse(x).unwrap()
     }
 
-    fn world() -> (WorldState, Instant) {
-        let now = Instant::now();
+    fn world() -> (WorldState, Stamp) {
+        let now = Stamp::of(std::time::Instant::now());
         let settings = Arc::new(WorldSettings {
             agents: vec![n("alice"), n("bob"), n("carol")],
             rules: RulesConfig::default(),
@@ -269,7 +269,7 @@ mod tests {
 
     #[test]
     fn a_long_run_of_repeated_mentions_gives_one_copy_each_in_order() {
-        let now = Instant::now();
+        let now = Stamp::of(std::time::Instant::now());
         let agents: Vec<Name> = (0..3 * SHORT_LIST).map(|i| n(&format!("a{i}"))).collect();
         let settings = Arc::new(WorldSettings {
             agents: agents.clone(),

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::clock::Stamp;
 use crate::config::{Mode, Settings, WorldSettings};
 use crate::names::Name;
 use crate::rules::similar::Words;
@@ -68,7 +69,7 @@ pub fn heaviest_parts(settings: &Settings) -> usize {
         .map(|w| {
             // As `footprint` counts a roster too large to read.
             let kept = (w.rules.rate.max.max(1) as usize + 1).next_power_of_two();
-            MAX_AGENTS * kept * size_of::<Instant>()
+            MAX_AGENTS * kept * size_of::<Stamp>()
         })
         .max()
         .unwrap_or(0);
@@ -102,14 +103,14 @@ pub struct Agent {
     pub pinned: bool,
     /// Last publish or join; entries idle past `state.idle_seconds` leave the
     /// roster.
-    pub last_seen: Instant,
+    pub last_seen: Stamp,
     /// Times of this agent's recent approved messages, newest last; only as
     /// many as the rate rule can look at.
-    pub approvals: VecDeque<Instant>,
+    pub approvals: VecDeque<Stamp>,
 }
 
 impl Agent {
-    fn new(pinned: bool, now: Instant) -> Agent {
+    fn new(pinned: bool, now: Stamp) -> Agent {
         Agent {
             pinned,
             last_seen: now,
@@ -117,12 +118,12 @@ impl Agent {
         }
     }
 
-    pub fn last_approved(&self) -> Option<Instant> {
+    pub fn last_approved(&self) -> Option<Stamp> {
         self.approvals.back().copied()
     }
 
     /// This agent's approved messages younger than `window` at `now`.
-    pub fn approvals_within(&self, now: Instant, window: Duration) -> usize {
+    pub fn approvals_within(&self, now: Stamp, window: Duration) -> usize {
         count_since(&self.approvals, Since::new(now, window))
     }
 }
@@ -283,7 +284,7 @@ pub struct WorldState {
     contents: Contents,
     /// (approved at, speaker key) of recent messages, for the conversation
     /// state: a key, not a name, so an entry holds no allocation.
-    activity: VecDeque<(Instant, u64)>,
+    activity: VecDeque<(Stamp, u64)>,
     /// A conclusion phrase was approved and no human has spoken since.
     concluded: bool,
     /// What only optional rules and features keep; none until one needs it.
@@ -306,7 +307,7 @@ pub struct WorldState {
 #[derive(Debug, Default)]
 struct Extras {
     /// (approved at, content words) for the `similar` rule, oldest first.
-    word_sets: VecDeque<(Instant, Words)>,
+    word_sets: VecDeque<(Stamp, Words)>,
     /// Agents that spoke since the last human or system message, in order
     /// (kept while `alternation` is on).
     speakers: VecDeque<Name>,
@@ -314,7 +315,7 @@ struct Extras {
     /// its own, and one over 23 bytes its own allocation.
     speaker_bytes: usize,
     /// Times of the world's recent approved agent messages (for `budget`).
-    agent_approvals: VecDeque<Instant>,
+    agent_approvals: VecDeque<Stamp>,
     /// Recent delivered messages, for agents' clean context (opt-in).
     context: VecDeque<ContextEntry>,
     /// Bytes of the bodies and inbox lists `context` holds.
@@ -342,7 +343,7 @@ static NO_EXTRAS: Extras = Extras {
 };
 
 impl WorldState {
-    pub fn new(settings: Arc<WorldSettings>, idle: Duration, now: Instant) -> WorldState {
+    pub fn new(settings: Arc<WorldSettings>, idle: Duration, now: Stamp) -> WorldState {
         let agents = Roster::new(
             settings
                 .agents
@@ -386,7 +387,7 @@ impl WorldState {
     /// that mode pauses no world, so one paused under enforce is not paused
     /// now, and back under enforce its next turn-limit rejection tells a
     /// human again.
-    pub fn bring_onto(&mut self, settings: &Arc<WorldSettings>, mode: Mode, now: Instant) {
+    pub fn bring_onto(&mut self, settings: &Arc<WorldSettings>, mode: Mode, now: Stamp) {
         self.apply_settings(settings, now);
         if mode == Mode::Observe {
             self.paused = false;
@@ -396,7 +397,7 @@ impl WorldState {
     /// Brings the world onto `settings` after a configuration reload: new
     /// rules apply from the next decision, agents now listed in config are
     /// pinned, and agents no longer listed may expire like any other.
-    fn apply_settings(&mut self, settings: &Arc<WorldSettings>, now: Instant) {
+    fn apply_settings(&mut self, settings: &Arc<WorldSettings>, now: Stamp) {
         if Arc::ptr_eq(&self.settings, settings) {
             return;
         }
@@ -449,18 +450,18 @@ impl WorldState {
     }
 
     /// The roster entry for a lowercase name, if it is on the roster now.
-    pub fn roster_get(&self, name: &str, now: Instant) -> Option<(&Name, &Agent)> {
+    pub fn roster_get(&self, name: &str, now: Stamp) -> Option<(&Name, &Agent)> {
         self.agents
             .get_key_value(name)
-            .filter(|(_, a)| a.pinned || now.saturating_duration_since(a.last_seen) <= self.idle())
+            .filter(|(_, a)| a.pinned || now.since(a.last_seen) <= self.idle())
     }
 
     /// Names on the roster now, sorted for stable output.
-    pub fn roster(&self, now: Instant) -> Vec<Name> {
+    pub fn roster(&self, now: Stamp) -> Vec<Name> {
         let mut names: Vec<Name> = self
             .agents
             .iter()
-            .filter(|(_, a)| a.pinned || now.saturating_duration_since(a.last_seen) <= self.idle())
+            .filter(|(_, a)| a.pinned || now.since(a.last_seen) <= self.idle())
             .map(|(n, _)| n.clone())
             .collect();
         names.sort();
@@ -473,7 +474,7 @@ impl WorldState {
 
     /// Puts `name` on the roster (join or publish), evicting the least
     /// recently seen unpinned agent when the roster is full.
-    pub fn touch_agent(&mut self, name: &Name, now: Instant) {
+    pub fn touch_agent(&mut self, name: &Name, now: Stamp) {
         if let Some(agent) = self.agents.get_mut(name.as_str()) {
             agent.last_seen = now;
             return;
@@ -703,7 +704,7 @@ impl WorldState {
     }
 
     /// Remembers an approved message's content words for `similar`.
-    pub fn remember_words(&mut self, now: Instant, words: Words) {
+    pub fn remember_words(&mut self, now: Stamp, words: Words) {
         if words.is_empty() {
             return;
         }
@@ -715,7 +716,7 @@ impl WorldState {
     }
 
     /// Content words of approved messages younger than `window`.
-    pub fn recent_words(&self, now: Instant, window: Duration) -> impl Iterator<Item = &Words> {
+    pub fn recent_words(&self, now: Stamp, window: Duration) -> impl Iterator<Item = &Words> {
         let since = Since::new(now, window);
         self.extras()
             .word_sets
@@ -731,7 +732,7 @@ impl WorldState {
     }
 
     /// Approved agent messages of the world younger than `window`.
-    pub fn agent_approvals_within(&self, now: Instant, window: Duration) -> usize {
+    pub fn agent_approvals_within(&self, now: Stamp, window: Duration) -> usize {
         count_since(&self.extras().agent_approvals, Since::new(now, window))
     }
 
@@ -757,7 +758,7 @@ impl WorldState {
 
     /// True when an approved message with this normalised-content hash is
     /// younger than `window`.
-    pub fn seen_content(&self, hash: u64, now: Instant, window: Duration) -> bool {
+    pub fn seen_content(&self, hash: u64, now: Stamp, window: Duration) -> bool {
         self.contents.seen(hash, Since::new(now, window))
     }
 
@@ -803,7 +804,7 @@ impl WorldState {
             Roster::Map(map) => {
                 // Each agent's name and times at their most, unread.
                 let times = (self.settings.rules.rate.max as usize).max(1) + 1;
-                let agent = name_bytes_at_most() + times.next_power_of_two() * size_of::<Instant>();
+                let agent = name_bytes_at_most() + times.next_power_of_two() * size_of::<Stamp>();
                 size_of::<Map<Name, Agent>>()
                     + table_bytes(map.capacity(), size_of::<(Name, Agent)>())
                     + map.len() * agent
@@ -881,28 +882,30 @@ fn deque_bytes<T>(deque: &VecDeque<T>) -> usize {
 /// every time up to `now` (a later one, which the monotonic clock never
 /// gives, is in the window).
 #[derive(Debug, Clone, Copy)]
-struct Since(Option<Instant>);
+struct Since(Stamp);
 
 impl Since {
-    fn new(now: Instant, length: Duration) -> Since {
-        // None: `now - length` is past what the clock can represent;
-        // then everything is in the window.
-        Since(now.checked_sub(length))
+    fn new(now: Stamp, length: Duration) -> Since {
+        // A length further back than a stamp reaches saturates: the window
+        // starts about 292 years back, or at the earliest stamp, before
+        // any time a clock gives (`Stamp::of` never gives the earliest).
+        Since(now - length)
     }
 
     /// Whether `at` is in the window (younger than its length).
-    fn holds(self, at: Instant) -> bool {
-        self.0.is_none_or(|start| at > start)
+    fn holds(self, at: Stamp) -> bool {
+        at > self.0
     }
 }
 
 /// A world's duplicate window: the times and hashes of approved contents,
 /// oldest first, in two queues so that a lookup reads the hashes alone. A
 /// busy world's window holds hundreds of them, seldom in the CPU's caches:
-/// 8 bytes an entry to scan, where (time, hash) pairs made it 24.
+/// 8 bytes an entry to scan, where (time, hash) pairs made it 16 (24
+/// before times were [`Stamp`]s).
 #[derive(Debug, Default)]
 struct Contents {
-    times: VecDeque<Instant>,
+    times: VecDeque<Stamp>,
     hashes: VecDeque<u64>,
 }
 
@@ -910,7 +913,7 @@ impl Contents {
     /// Appends a content approved at `at`, first dropping those older than
     /// `window` then (they can never match again), and the oldest beyond
     /// [`MAX_DUPLICATE_WINDOW`].
-    fn push(&mut self, at: Instant, hash: u64, window: Duration) {
+    fn push(&mut self, at: Stamp, hash: u64, window: Duration) {
         // Every window of times is oldest first (`seen` and `count_since`
         // rely on it).
         debug_assert!(
@@ -976,7 +979,7 @@ fn holds(hashes: &[u64], hash: u64) -> bool {
 /// of times here is oldest first (one worker decides a world's messages in
 /// order, on a monotonic clock), so a long window costs what a short one
 /// does.
-fn count_since(times: &VecDeque<Instant>, since: Since) -> usize {
+fn count_since(times: &VecDeque<Stamp>, since: Since) -> usize {
     times.len() - times.partition_point(|at| !since.holds(*at))
 }
 
@@ -1048,11 +1051,11 @@ impl Conversation {
 impl WorldState {
     /// Forgets conversation activity at least `keep` old: the conversation
     /// state reads two windows back, no further.
-    pub fn forget_activity_older_than(&mut self, now: Instant, keep: Duration) {
+    pub fn forget_activity_older_than(&mut self, now: Stamp, keep: Duration) {
         while self
             .activity
             .front()
-            .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= keep)
+            .is_some_and(|(at, _)| now.since(*at) >= keep)
         {
             self.activity.pop_front();
         }
@@ -1069,7 +1072,7 @@ impl WorldState {
         speaker: &Name,
         concludes: bool,
         mentioned: &[Name],
-        now: Instant,
+        now: Stamp,
     ) {
         push_window(
             &mut self.activity,
@@ -1114,11 +1117,11 @@ impl WorldState {
     }
 
     /// The conversation state at `now`.
-    pub fn conversation(&self, now: Instant, window: Duration, hot_messages: u32) -> Conversation {
+    pub fn conversation(&self, now: Stamp, window: Duration, hot_messages: u32) -> Conversation {
         if self.concluded {
             return Conversation::Concluded;
         }
-        let age = |at: &Instant| now.saturating_duration_since(*at);
+        let age = |at: &Stamp| now.since(*at);
         // Whether two or more spoke is all that is read: the first speaker,
         // and whether another followed (a list of all was quadratic in the
         // 512 activity entries, for every world at each scrape).
@@ -1230,9 +1233,9 @@ pub struct AgentView {
 
 impl WorldState {
     /// A snapshot for the HTTP view.
-    pub fn view(&self, world: &Name, now: Instant, conversation: Conversation) -> WorldView {
+    pub fn view(&self, world: &Name, now: Stamp, conversation: Conversation) -> WorldView {
         let rate_window = Duration::from_secs(self.settings.rules.rate.window_seconds);
-        let ago = |t: Instant| now.saturating_duration_since(t).as_secs_f64();
+        let ago = |t: Stamp| now.since(t).as_secs_f64();
         let roster = self.roster(now);
         let agents = roster
             .iter()
@@ -1268,7 +1271,7 @@ pub struct Approved<'a> {
     pub id: &'a Arc<str>,
     pub lineage: &'a Lineage,
     pub content_hash: u64,
-    pub now: Instant,
+    pub now: Stamp,
     /// The sending agent and how many approval times to keep for it.
     pub agent: Option<(&'a Name, usize)>,
     /// An agent's message that takes a turn: it joins the speaking order
@@ -1483,7 +1486,7 @@ impl Worlds {
         let second = self.second(now);
         let handle = self.cache.get_with_by_ref(world, || {
             Arc::new(World {
-                state: Mutex::new(WorldState::new(settings.clone(), self.idle, now)),
+                state: Mutex::new(WorldState::new(settings.clone(), self.idle, Stamp::of(now))),
                 weight: AtomicU32::new(self.least_weight),
                 used: AtomicU32::new(second),
             })
@@ -1497,7 +1500,7 @@ impl Worlds {
                 // would have forgotten it. Put back after `used` is
                 // stored, in case the admin API took it out meanwhile
                 // (`get`, which then sees it in use).
-                *lock(&handle) = WorldState::new(settings.clone(), self.idle, now);
+                *lock(&handle) = WorldState::new(settings.clone(), self.idle, Stamp::of(now));
                 self.cache.insert(world.clone(), handle.clone());
                 self.evicted.idle.inc();
             }
@@ -1747,8 +1750,8 @@ mod tests {
         Name::parse(s).unwrap()
     }
 
-    fn world(agents: &[&str]) -> (WorldState, Instant) {
-        let now = Instant::now();
+    fn world(agents: &[&str]) -> (WorldState, Stamp) {
+        let now = Stamp::of(Instant::now());
         let settings = Arc::new(WorldSettings {
             agents: agents.iter().map(|a| name(a)).collect(),
             rules: RulesConfig::default(),
@@ -1764,7 +1767,7 @@ mod tests {
         id: &str,
         keep: usize,
         takes_turn: bool,
-        now: Instant,
+        now: Stamp,
     ) {
         let l = w.lineage(id, None, None, true);
         w.record_approved(Approved {
@@ -1787,7 +1790,7 @@ mod tests {
         })
     }
 
-    fn approve(w: &mut WorldState, id: &str, lineage: &Lineage, now: Instant) {
+    fn approve(w: &mut WorldState, id: &str, lineage: &Lineage, now: Stamp) {
         w.record_approved(Approved {
             id: &Arc::from(id),
             lineage,
@@ -1811,7 +1814,7 @@ mod tests {
 
     #[test]
     fn a_roster_is_the_same_as_a_list_and_as_a_map() {
-        let t0 = Instant::now();
+        let t0 = Stamp::of(Instant::now());
         let mut roster = Roster::new(std::iter::empty());
         for size in 1..=ROSTER_LIST_MAX + 3 {
             roster.insert(name(&format!("a{size}")), Agent::new(false, t0));
@@ -2030,7 +2033,7 @@ mod tests {
     #[test]
     fn a_reload_lowering_the_rate_limit_gives_the_agents_times_back() {
         let with_rate = |max| with_rules(|r| r.rate.max = max);
-        let t0 = Instant::now();
+        let t0 = Stamp::of(Instant::now());
         let mut w = WorldState::new(with_rate(1000), Duration::from_secs(60), t0);
         let agents: Vec<Name> = (0..20).map(|i| name(&format!("a{i}"))).collect();
         for (i, agent) in agents.iter().enumerate() {
@@ -2045,12 +2048,12 @@ mod tests {
                 .map(|a| deque_bytes(&w.agent(a).unwrap().approvals))
                 .sum()
         };
-        assert!(held(&w) >= 20 * 1000 * size_of::<Instant>());
+        assert!(held(&w) >= 20 * 1000 * size_of::<Stamp>());
         w.apply_settings(&with_rate(10), t0);
         assert!(agents
             .iter()
             .all(|a| w.agent(a).unwrap().approvals.len() == 10));
-        assert!(held(&w) <= 20 * 16 * size_of::<Instant>(), "{}", held(&w));
+        assert!(held(&w) <= 20 * 16 * size_of::<Stamp>(), "{}", held(&w));
         assert!(w.footprint() >= held(&w));
         // Raised again: nothing to trim, the times grow with the traffic.
         w.apply_settings(&with_rate(1000), t0);
@@ -2062,7 +2065,7 @@ mod tests {
     #[test]
     fn a_full_roster_holds_no_more_approval_times_than_the_heaviest_parts_say() {
         let (settings, _) = worlds_with(|c| c.rules.rate.max = 100);
-        let t0 = Instant::now();
+        let t0 = Stamp::of(Instant::now());
         let mut w = WorldState::new(settings.default_world.clone(), Duration::from_secs(60), t0);
         let agents: Vec<Name> = (0..MAX_AGENTS).map(|i| name(&format!("a{i}"))).collect();
         for agent in &agents {
@@ -2089,7 +2092,7 @@ mod tests {
     #[test]
     fn alternation_history_is_kept_only_while_the_rule_is_on() {
         let with_cycles = |cycles| with_rules(|r| r.alternation.max_cycles = cycles);
-        let t0 = Instant::now();
+        let t0 = Stamp::of(Instant::now());
         let mut w = WorldState::new(with_cycles(2), Duration::from_secs(60), t0);
         let speak = |w: &mut WorldState, who: &str, id: &str| {
             approve_agent(w, &name(who), id, 10, true, t0);
@@ -2118,7 +2121,7 @@ mod tests {
             r.alternation.max_cycles = 2;
             r.turns.max = 0;
         });
-        let t0 = Instant::now();
+        let t0 = Stamp::of(Instant::now());
         let filled = |len: usize| {
             let mut w = WorldState::new(alternating.clone(), Duration::from_secs(60), t0);
             for i in 0..MAX_SPEAKERS + 10 {
@@ -2187,7 +2190,7 @@ mod tests {
                 );
             }
         }
-        let t0 = Instant::now();
+        let t0 = Stamp::of(Instant::now());
         let window = Duration::from_secs(3600);
         let mut contents = Contents::default();
         for i in 0..(MAX_DUPLICATE_WINDOW + 500) as u64 {
@@ -2568,7 +2571,7 @@ mod tests {
                 let mut w = lock(&handle);
                 let id = format!("{i}-{m:0>250}");
                 let l = w.lineage(&id, Some(&format!("t{id}")), None, false);
-                approve(&mut w, &id, &l, now);
+                approve(&mut w, &id, &l, Stamp::of(now));
                 worlds.weigh(&world, &handle, &w);
             }
             handle.weight.load(Ordering::Relaxed) as u64
@@ -2694,21 +2697,31 @@ mod tests {
 
     #[test]
     fn a_window_holds_what_is_younger_than_its_length() {
-        let t0 = Instant::now();
-        let times: VecDeque<Instant> = (0..100).map(|s| t0 + Duration::from_secs(s)).collect();
-        let now = t0 + Duration::from_secs(99);
-        // As `now - at < length` has it: 90 s to 99 s, not 89 s (exactly
-        // 10 s old).
-        let since = Since::new(now, Duration::from_secs(10));
-        assert!(since.holds(t0 + Duration::from_secs(90)));
-        assert!(!since.holds(t0 + Duration::from_secs(89)));
-        assert!(since.holds(now + Duration::from_secs(1)), "a later time");
-        assert_eq!(count_since(&times, since), 10);
-        assert_eq!(count_since(&times, Since::new(now, Duration::ZERO)), 0);
-        let all = Since::new(now, Duration::MAX); // past the clock's range
-        assert!(all.holds(t0));
-        assert_eq!(count_since(&times, all), 100);
-        assert_eq!(count_since(&VecDeque::new(), since), 0);
+        // Times after the process's stamp origin, before it (negative
+        // stamps), and either side of it (the origin is set within the
+        // test run, well under 50 s ago).
+        let now = Instant::now();
+        for start in [
+            now,
+            now - Duration::from_secs(3600),
+            now - Duration::from_secs(50),
+        ] {
+            let t0 = Stamp::of(start);
+            let times: VecDeque<Stamp> = (0..100).map(|s| t0 + Duration::from_secs(s)).collect();
+            let now = t0 + Duration::from_secs(99);
+            // As `now - at < length` has it: 90 s to 99 s, not 89 s (exactly
+            // 10 s old).
+            let since = Since::new(now, Duration::from_secs(10));
+            assert!(since.holds(t0 + Duration::from_secs(90)));
+            assert!(!since.holds(t0 + Duration::from_secs(89)));
+            assert!(since.holds(now + Duration::from_secs(1)), "a later time");
+            assert_eq!(count_since(&times, since), 10);
+            assert_eq!(count_since(&times, Since::new(now, Duration::ZERO)), 0);
+            let all = Since::new(now, Duration::MAX); // past a stamp's range
+            assert!(all.holds(t0));
+            assert_eq!(count_since(&times, all), 100);
+            assert_eq!(count_since(&VecDeque::new(), since), 0);
+        }
     }
 
     #[test]

@@ -150,6 +150,7 @@ impl Conclusions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::Stamp;
     use crate::config::{ConversationConfig, RulesConfig};
     use crate::names::Name;
     use crate::rules::testing::Fixture;
@@ -225,7 +226,7 @@ mod tests {
     }
 
     /// Human hank's message, concluding or not, mentioning `mentioned`.
-    fn hank_says(f: &mut Fixture, concludes: bool, mentioned: &[Name], now: std::time::Instant) {
+    fn hank_says(f: &mut Fixture, concludes: bool, mentioned: &[Name], now: Stamp) {
         let hank = Name::parse("hank").unwrap();
         f.world
             .observe_conversation(SenderKind::Human, &hank, concludes, mentioned, now);

@@ -22,7 +22,7 @@ impl Rule for Cooldown {
             .agent(cx.msg.sender)
             .and_then(|a| a.last_approved());
         if let Some(last) = last {
-            let since = cx.msg.now.saturating_duration_since(last);
+            let since = cx.msg.now.since(last);
             if since < Duration::from_secs(secs) {
                 return Verdict::reject(
                     self.name(),

@@ -18,8 +18,8 @@ pub mod similar;
 mod turns;
 
 use std::fmt;
-use std::time::Instant;
 
+use crate::clock::Stamp;
 use crate::config::RulesConfig;
 use crate::names::Name;
 use crate::state::WorldState;
@@ -122,7 +122,7 @@ pub struct Candidate<'a> {
     pub depth: u32,
     /// Hash of the normalised content (see `normalize`).
     pub content_hash: u64,
-    pub now: Instant,
+    pub now: Stamp,
 }
 
 /// What a rule may read.
@@ -211,7 +211,7 @@ pub(crate) mod testing {
     pub struct Fixture {
         pub world: WorldState,
         pub limits: RulesConfig,
-        pub t0: Instant,
+        pub t0: Stamp,
         pub agent: Name,
     }
 
@@ -222,7 +222,7 @@ pub(crate) mod testing {
                 agents: vec![agent.clone()],
                 rules: limits.clone(),
             });
-            let t0 = Instant::now();
+            let t0 = Stamp::of(std::time::Instant::now());
             Fixture {
                 world: WorldState::new(settings, Duration::from_secs(3600), t0),
                 limits,
@@ -231,7 +231,7 @@ pub(crate) mod testing {
             }
         }
 
-        pub fn at(&self, secs: u64) -> Instant {
+        pub fn at(&self, secs: u64) -> Stamp {
             self.t0 + Duration::from_secs(secs)
         }
 

@@ -62,6 +62,18 @@ mod tests {
     }
 
     #[test]
+    fn a_window_longer_than_a_stamp_reaches_counts_every_approval() {
+        // `window_seconds` is bounded from below only.
+        let mut f = fixture(2, u64::MAX);
+        for t in [0, 1_000_000] {
+            assert!(f.check(&Rate, t, 1, t).allows());
+            f.approve(t, t);
+        }
+        let reason = f.check(&Rate, 2_000_000_000, 1, 99).expect_reject();
+        assert!(reason.contains("limit is 2"), "{reason}");
+    }
+
+    #[test]
     fn zero_disables() {
         let mut f = fixture(0, 60);
         for t in 0..20 {
