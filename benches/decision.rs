@@ -295,11 +295,7 @@ fn decision(c: &mut Criterion) {
     );
     // What page faults (see `minor_faults`) add to each pass's tail.
     for (what, times, faulted) in [
-        (
-            "first message of a world",
-            first,
-            &back_faulted[..worlds],
-        ),
+        ("first message of a world", first, &back_faulted[..worlds]),
         (
             "later messages, all events on",
             later,
