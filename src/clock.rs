@@ -47,7 +47,7 @@ impl Clock for SystemClock {
 /// window, the conversation's activity, and when on, the budget's and
 /// `similar`'s windows. Less memory a world, and fewer pages of it for a
 /// growing world to touch first (docs/benchmarks.md, criterion notes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Stamp(i64);
 
 impl Stamp {
