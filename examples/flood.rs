@@ -6,7 +6,10 @@
 //! usage: flood <nats-url> <loopguard-pid> <loopguard-http-addr> <max_worlds>
 //!
 //! Each phase waits until loopguard has decided everything sent (its
-//! `loopguard_messages_total` catches up), then reads VmRSS from /proc.
+//! `loopguard_messages_total` catches up), then reads VmRSS from /proc, and
+//! what the phase cost loopguard a message: CPU time and minor page faults
+//! (a page the process touched for the first time since it had it, or since
+//! the allocator gave it back to the kernel).
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +25,26 @@ fn rss_kib(pid: u32) -> Result<u64, Error> {
         .ok_or("no VmRSS")?;
     Ok(line.split_whitespace().nth(1).ok_or("bad VmRSS")?.parse()?)
 }
+
+/// loopguard's minor page faults and CPU time (user + system, in the
+/// kernel's 10 ms ticks) so far, all its threads (proc(5)).
+fn faults_and_ticks(pid: u32) -> Result<(u64, u64), Error> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command's closing bracket start at the third.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .ok_or("bad /proc/<pid>/stat")?
+        .1
+        .split_whitespace()
+        .collect();
+    let field = |n: usize| -> Result<u64, Error> {
+        Ok(fields.get(n - 3).ok_or("short /proc/<pid>/stat")?.parse()?)
+    };
+    Ok((field(10)?, field(14)? + field(15)?))
+}
+
+/// Clock ticks a second (`CLK_TCK`), as /proc counts CPU time.
+const TICKS_PER_SECOND: f64 = 100.0;
 
 async fn metrics(addr: &str) -> Result<String, Error> {
     let mut s = tokio::net::TcpStream::connect(addr).await?;
@@ -54,6 +77,8 @@ struct Flood {
     /// barrier that does).
     expected: u64,
     started: Instant,
+    /// loopguard's page faults and CPU ticks at the end of the last phase.
+    costs: (u64, u64),
 }
 
 impl Flood {
@@ -95,13 +120,24 @@ impl Flood {
         self.sent += n;
         self.wait_decided(self.expected).await?;
         let m = metrics(&self.addr).await?;
+        let costs = faults_and_ticks(self.pid)?;
+        let (faults, ticks) = (costs.0 - self.costs.0, costs.1 - self.costs.1);
+        self.costs = costs;
+        // Per message only over enough of them (a tick is 10 ms).
+        let (cpu, faults) = match n {
+            0..1000 => ("—".to_string(), "—".to_string()),
+            _ => (
+                format!("{:.1}", ticks as f64 / TICKS_PER_SECOND * 1e6 / n as f64),
+                format!("{:.3}", faults as f64 / n as f64),
+            ),
+        };
         println!(
-            "| {label:<44} | {:>9} | {:>8} | {:>9.1} | {:>8.1} | {:>6.1}s |",
+            "| {label:<44} | {:>9} | {:>8} | {:>9.1} | {:>8.1} | {:>6.1}s | {cpu:>10} | {faults:>12} |",
             self.sent,
             total(&m, "loopguard_worlds"),
             total(&m, "loopguard_state_bytes") / 1048576.0,
             rss_kib(self.pid)? as f64 / 1024.0,
-            self.started.elapsed().as_secs_f64()
+            self.started.elapsed().as_secs_f64(),
         );
         Ok(())
     }
@@ -151,19 +187,23 @@ async fn main() -> Result<(), Error> {
         sent: 0,
         expected: 0,
         started: Instant::now(),
+        costs: (0, 0),
     };
+    f.costs = faults_and_ticks(f.pid)?;
     println!(
-        "| {:<44} | {:>9} | {:>8} | {:>9} | {:>8} | {:>7} |",
-        "phase", "messages", "worlds", "state MiB", "RSS MiB", "time"
+        "| {:<44} | {:>9} | {:>8} | {:>9} | {:>8} | {:>7} | {:>10} | {:>12} |",
+        "phase", "messages", "worlds", "state MiB", "RSS MiB", "time", "CPU µs/msg", "faults a msg"
     );
     println!(
-        "|{}|{}|{}|{}|{}|{}|",
+        "|{}|{}:|{}:|{}:|{}:|{}:|{}:|{}:|",
         "-".repeat(46),
-        "-".repeat(11),
         "-".repeat(10),
-        "-".repeat(11),
+        "-".repeat(9),
         "-".repeat(10),
-        "-".repeat(9)
+        "-".repeat(9),
+        "-".repeat(8),
+        "-".repeat(11),
+        "-".repeat(13)
     );
     f.phase("start (one message)", 1, None, |_| {
         ("chat.raw.w0.human.h".into(), "hi".into())

@@ -98,7 +98,9 @@ every rate ratio over (b):
    events off / on / optional rules on).
 4. **≤ 1 KiB per idle world, RSS levels off: met**: 886 bytes at 100,000
    and 1,000,000 worlds (918 before the stamps); floods of 1x-50x
-   `max_worlds` unique worlds levelled off at 100.3-105.6 MiB.
+   `max_worlds` unique worlds levelled off at 100.3-105.6 MiB (100.3-106.8
+   in the flood printed below, of 2026-11-24, which also counts what
+   each phase cost a message).
 5. **No slow-consumer drops: met**: 0.
 
 (c3), every rule on (set to seldom reject): 0.33 of (b)'s rate, 6.63 times
@@ -519,7 +521,10 @@ cat <<'NOTES'
 `state.max_worlds = 100000`: a release loopguard over NATS, flooded with
 unique worlds far past `max_worlds`, then with unique agents, threads and
 contents in one world. Each phase waits until loopguard has decided all
-it was sent, then reads its VmRSS; time is from the flood's start.
+it was sent, then reads its VmRSS; time is from the flood's start. The
+last two columns are what the phase cost loopguard a message: its CPU
+time (all its threads, in the kernel's 10 ms ticks) and its minor page
+faults (a page touched for the first time since the process got it).
 
 NOTES
 head -n 1 "$flood"
@@ -538,6 +543,28 @@ until its 1,024th message: bounded by `max_worlds` alone they grew to 526
 MiB resident within 600,000 messages and on (a probe of 2026-11-22,
 before `state.max_bytes`); now the byte bound evicts worlds and resident
 memory levels off.
+
+**Page faults once levelled off** (the columns since 2026-11-24): while
+the first 100,000 worlds grow into memory the process has not touched,
+0.23 faults a message; once each new world evicts one, the allocator
+reuses the evicted worlds' memory, and 0.012-0.014 a message are left at
+5x-50x. Those are mimalloc giving freed pages back to the kernel (10 ms
+after they empty, by default) and faulting them in again on reuse: in a
+run of the same build with `MIMALLOC_PURGE_DELAY=-1` (never give back),
+minutes after the one above (2026-11-24 00:05 UTC), 0.000 at 5x-50x, and
+0.001-0.011 after the first of the 256-byte ids' phases (0.056-0.082
+above), for 2-35 MiB more resident (108.9 against 106.8 MiB at 50x,
+256.6 against 221.3 after the last phase) and no CPU difference the
+ticks resolve (8.2 against 8.6 µs a message at 50x, 7.9 against 7.0 in
+the last phase). At about 2 µs a fault (the decision benchmark's
+figure), 0.013 a message is about 0.03 µs of a levelled-off sidecar's
+7-9: the allocator's default stays, and resident memory follows the
+state down when it shrinks. Unlike the relay benchmark, whose worlds
+are still growing (0.08-0.10 faults a message), this is a sidecar's
+steady state. The CPU a message rose from 6.3 to 8.6 µs between 2x and
+50x with the same 100,000 worlds held (6.5 to 8.2 with the purge off);
+why is not looked into (the ticks are coarse, and 40 s of a shared
+machine's pace moves too).
 NOTES
 echo
 cat "$policy"
