@@ -265,10 +265,8 @@ pub struct WorldState {
     /// Set with the turn-limit notice; agents stay rejected until a reset.
     pub paused: bool,
     agents: Roster,
-    /// Remembered messages by [`message_key`].
-    messages: Map<u64, Remembered>,
-    /// Insertion order of `messages`, for eviction.
-    message_order: VecDeque<u64>,
+    /// Approved messages remembered for parent lookups, oldest first.
+    memory: Memory,
     /// Latest approved message id of each thread but `latest`'s own, so a
     /// world talking in one thread keeps no index at all (and none boxed).
     thread_latest: Option<Box<Map<Arc<str>, Arc<str>>>>,
@@ -355,8 +353,7 @@ impl WorldState {
             turns: 0,
             paused: false,
             agents,
-            messages: Map::default(),
-            message_order: VecDeque::new(),
+            memory: Memory::default(),
             thread_latest: None,
             latest: None,
             latest_long: None,
@@ -563,9 +560,9 @@ impl WorldState {
         }
     }
 
-    /// The remembered message with this id.
+    /// The remembered message with this id (its latest approval).
     fn remembered(&self, id: &str) -> Option<&Remembered> {
-        self.messages.get(&message_key(id))
+        self.memory.get(message_key(id))
     }
 
     /// The latest remembered message of `thread`.
@@ -603,7 +600,9 @@ impl WorldState {
             });
             let id = approved.id.clone();
             let key = message_key(&id);
-            let replaced = self.messages.insert(
+            // A reused id is remembered again, newest: lookups find this
+            // approval, and the older one stays until its turn to go.
+            let gone = self.memory.push(
                 key,
                 Remembered {
                     depth: approved.lineage.depth,
@@ -613,14 +612,8 @@ impl WorldState {
             );
             // Ids are at most MAX_REMEMBERED_ID bytes: the sum fits a u32.
             self.remembered_bytes += text_bytes(thread);
-            match replaced {
-                // A reused id keeps its place: only its thread id changed.
-                Some(old) => self.remembered_bytes -= text_bytes(&old.thread_id),
-                None => {
-                    if let Some(old) = push_window(&mut self.message_order, key, MAX_REMEMBERED) {
-                        self.forget_message(old);
-                    }
-                }
+            if let Some((old_key, old)) = gone {
+                self.forget_message(old_key, old);
             }
             if let Some((previous, its_thread)) = previous {
                 // Another thread, and the message still remembered in it (the
@@ -653,11 +646,11 @@ impl WorldState {
                     // message backs at most one entry, so this leaves at most
                     // MAX_REMEMBERED, and runs once per MAX_REMEMBERED new
                     // threads at most.
-                    let messages = &self.messages;
+                    let memory = &self.memory;
                     let index_bytes = &mut self.index_bytes;
                     index.retain(|thread, id| {
-                        let keep = messages
-                            .get(&message_key(id))
+                        let keep = memory
+                            .get(message_key(id))
                             .is_some_and(|m| m.thread_id == *thread);
                         if !keep {
                             *index_bytes -= text_bytes(thread) + text_bytes(id);
@@ -736,22 +729,28 @@ impl WorldState {
         count_since(&self.extras().agent_approvals, Since::new(now, window))
     }
 
-    /// Forgets the remembered message with this key, and its thread's index
-    /// entry if that names it. `latest` is left alone: its one caller has
-    /// taken it, and a latest message no longer remembered is what lineage
-    /// treats as none.
-    fn forget_message(&mut self, key: u64) {
-        if let Some(meta) = self.messages.remove(&key) {
-            self.remembered_bytes -= text_bytes(&meta.thread_id);
-            if let Some(index) = &mut self.thread_latest {
-                if index
-                    .get(&meta.thread_id)
-                    .is_some_and(|id| message_key(id) == key)
-                {
-                    if let Some((key, value)) = index.remove_entry(&meta.thread_id) {
-                        self.index_bytes -= text_bytes(&key) + text_bytes(&value);
-                    }
-                }
+    /// Accounts for a remembered message that left the memory (`key`, and
+    /// what was remembered of it), and drops its thread's index entry if
+    /// that names it, unless a later approval of the same id is still
+    /// remembered in that thread. `latest` is left alone: its one caller
+    /// has taken it, and a latest message no longer remembered is what
+    /// lineage treats as none.
+    fn forget_message(&mut self, key: u64, gone: Remembered) {
+        self.remembered_bytes -= text_bytes(&gone.thread_id);
+        let Some(index) = &mut self.thread_latest else {
+            return;
+        };
+        let names_it = index
+            .get(&gone.thread_id)
+            .is_some_and(|id| message_key(id) == key);
+        let still_in_thread = || {
+            self.memory
+                .get(key)
+                .is_some_and(|m| m.thread_id == gone.thread_id)
+        };
+        if names_it && !still_in_thread() {
+            if let Some((key, value)) = index.remove_entry(&gone.thread_id) {
+                self.index_bytes -= text_bytes(&key) + text_bytes(&value);
             }
         }
     }
@@ -828,7 +827,7 @@ impl WorldState {
         });
         size_of::<World>()
             + roster
-            + table_bytes(self.messages.capacity(), size_of::<(u64, Remembered)>())
+            + self.memory.bytes()
             + self.remembered_bytes as usize
             + self
                 .latest
@@ -838,7 +837,6 @@ impl WorldState {
                 size_of::<(Arc<str>, Remembered)>()
                     + (text_bytes(id) + text_bytes(&m.thread_id)) as usize
             })
-            + deque_bytes(&self.message_order)
             + threads
             + self.contents.bytes()
             + deque_bytes(&self.activity)
@@ -898,6 +896,62 @@ impl Since {
     }
 }
 
+/// A world's remembered messages ([`MAX_REMEMBERED`]), oldest first: their
+/// keys ([`message_key`]) in one queue and what the depth rule needs of
+/// them in another, so that a search reads 8 bytes an entry. A reply's
+/// parent is most often the latest message, found first. A hash map kept
+/// them before: about 64 bytes a message with its order queue, 66 KiB for
+/// a full world's table alone, against 32 here, and a probe and a removal
+/// of memory long out of the CPU's caches at every approval.
+#[derive(Debug, Default)]
+struct Memory {
+    keys: VecDeque<u64>,
+    messages: VecDeque<Remembered>,
+}
+
+impl Memory {
+    /// The latest approval remembered with this key.
+    fn get(&self, key: u64) -> Option<&Remembered> {
+        newest(&self.keys, key).map(|i| &self.messages[i])
+    }
+
+    /// Remembers a message, newest; returns the oldest if it had to go.
+    fn push(&mut self, key: u64, message: Remembered) -> Option<(u64, Remembered)> {
+        let gone = push_window(&mut self.keys, key, MAX_REMEMBERED);
+        let gone_message = push_window(&mut self.messages, message, MAX_REMEMBERED);
+        gone.zip(gone_message)
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    #[cfg(test)]
+    fn iter(&self) -> impl Iterator<Item = &Remembered> {
+        self.messages.iter()
+    }
+
+    fn bytes(&self) -> usize {
+        deque_bytes(&self.keys) + deque_bytes(&self.messages)
+    }
+}
+
+/// Where the newest entry equal to `hash` is in `hashes`: the newest entry
+/// first; then, as most searched hashes are not there at all, whether it
+/// is anywhere, a block of comparisons the compiler does several at a
+/// time; then, seldom, where.
+fn newest(hashes: &VecDeque<u64>, hash: u64) -> Option<usize> {
+    if hashes.back() == Some(&hash) {
+        return Some(hashes.len() - 1);
+    }
+    let (older, newer) = hashes.as_slices();
+    if !holds(older, hash) && !holds(newer, hash) {
+        return None;
+    }
+    hashes.iter().rposition(|h| *h == hash)
+}
+
 /// A world's duplicate window: the times and hashes of approved contents,
 /// oldest first, in two queues so that a lookup reads the hashes alone. A
 /// busy world's window holds hundreds of them, seldom in the CPU's caches:
@@ -933,18 +987,10 @@ impl Contents {
 
     /// Whether a content with this hash was approved within the window.
     fn seen(&self, hash: u64, since: Since) -> bool {
-        // Most contents are new, so the whole window is read: first for
-        // whether the hash is there at all, a comparison the compiler does
-        // several at a time; then, seldom, for where. The newest entry with
-        // this hash decides: if that one is too old, so is every other.
-        let (older, newer) = self.hashes.as_slices();
-        if !holds(older, hash) && !holds(newer, hash) {
-            return false;
-        }
-        self.hashes
-            .iter()
-            .rposition(|h| *h == hash)
-            .is_some_and(|i| since.holds(self.times[i]))
+        // Most contents are new, so the whole window is read. The newest
+        // entry with this hash decides: if that one is too old, so is
+        // every other.
+        newest(&self.hashes, hash).is_some_and(|i| since.holds(self.times[i]))
     }
 
     #[cfg(test)]
@@ -2022,9 +2068,51 @@ mod tests {
         for i in 0..MAX_REMEMBERED + 10 {
             approve(&mut w, &format!("m{i}"), &l, t0);
         }
-        assert_eq!(w.messages.len(), MAX_REMEMBERED);
+        assert_eq!(w.memory.len(), MAX_REMEMBERED);
         assert!(w.remembered("m0").is_none());
         assert!(w.remembered(&format!("m{}", MAX_REMEMBERED + 9)).is_some());
+    }
+
+    /// A reused id is remembered as its latest approval, which stays (and
+    /// stays its thread's latest) when the earlier approval's turn to be
+    /// forgotten comes. (A map kept one entry a key in its first place, so
+    /// the latest approval went then, and the thread fell back to the
+    /// world's latest message.)
+    #[test]
+    fn a_reused_id_is_remembered_as_its_latest_approval_until_that_goes() {
+        let (mut w, t0) = world(&[]);
+        let first = w.lineage("x", Some("t1"), None, false);
+        approve(&mut w, "x", &first, t0);
+        for i in 1..MAX_REMEMBERED - 2 {
+            let l = w.lineage(&format!("m{i}"), Some("t2"), None, false);
+            approve(&mut w, &format!("m{i}"), &l, t0);
+        }
+        // The agent's "x" in thread t1, three deep this time.
+        let again = Lineage {
+            parent_id: None,
+            thread_id: Arc::from("t1"),
+            depth: 3,
+            parent_is_agent: false,
+        };
+        approve(&mut w, "x", &again, t0);
+        let found = |w: &WorldState| w.remembered("x").map(|m| (m.depth, m.thread_id.clone()));
+        assert_eq!(found(&w), Some((3, Arc::from("t1"))));
+        // Three more messages in another thread: the first makes thread t1's
+        // latest ("x") an entry of the thread index, the next fill the
+        // memory and push its oldest out, the first "x" first.
+        for id in ["y1", "y2", "y3"] {
+            let l = w.lineage(id, Some("t3"), None, false);
+            approve(&mut w, id, &l, t0);
+        }
+        assert_eq!(w.memory.len(), MAX_REMEMBERED);
+        assert_eq!(found(&w), Some((3, Arc::from("t1"))));
+        let reply = w.lineage("z", Some("t1"), None, true);
+        assert_eq!(
+            (reply.parent_id.as_deref(), reply.depth),
+            (Some("x"), 4),
+            "thread t1's latest is still the second x"
+        );
+        assert_eq!(w.remembered_bytes, remembered_text(&w));
     }
 
     /// A reload lowering the rate limit trims each agent's approval times
@@ -2493,7 +2581,7 @@ mod tests {
 
     /// What `remembered_bytes` should be: counted from the messages held.
     fn remembered_text(w: &WorldState) -> u32 {
-        w.messages.values().map(|m| text_bytes(&m.thread_id)).sum()
+        w.memory.iter().map(|m| text_bytes(&m.thread_id)).sum()
     }
 
     #[test]
@@ -2521,7 +2609,7 @@ mod tests {
                 assert_eq!(w.index_bytes, index, "after {i}");
             }
         }
-        assert_eq!(w.messages.len(), MAX_REMEMBERED);
+        assert_eq!(w.memory.len(), MAX_REMEMBERED);
     }
 
     #[test]
