@@ -789,6 +789,9 @@ async fn connect(
     // What a refused publish of loopguard's own output goes to.
     let subjects = Arc::new(subjects.clone());
     let refusals = refusals.clone();
+    // The log of refused publishes that are not outputs (those count as
+    // drops, logged as such): intake's, and the rest.
+    let refused_logs: Arc<[crate::metrics::LogLimit; 2]> = Arc::default();
     let options = async_nats::ConnectOptions::new()
         .name("loopguard")
         // Every subject loopguard publishes or sends a request to is built
@@ -810,6 +813,7 @@ async fn connect(
             let readiness = readiness.clone();
             let subjects = subjects.clone();
             let refusals = refusals.clone();
+            let refused_logs = refused_logs.clone();
             async move {
                 match event {
                     async_nats::Event::Connected => {
@@ -872,12 +876,19 @@ async fn connect(
                                 // ends here, not in a redelivery.
                                 refusals.record(subject);
                             }
+                            // Each acknowledgement, pull or policy request
+                            // refused is one more error from the server:
+                            // a line every ten seconds, with the count.
                             Refused::Intake => {
                                 readiness.refused();
-                                tracing::error!(error = %e, "the server refused a publish loopguard needs: it stays unready; grant it, then restart loopguard");
+                                if let Some(count) = refused_logs[0].due() {
+                                    tracing::error!(error = %e, count, "the server refused a publish loopguard needs: it stays unready; grant it, then restart loopguard");
+                                }
                             }
                             Refused::Other => {
-                                tracing::error!(error = %e, "the server refused a publish loopguard needs; grant it");
+                                if let Some(count) = refused_logs[1].due() {
+                                    tracing::error!(error = %e, count, "the server refused a publish loopguard needs; grant it");
+                                }
                             }
                         }
                     }

@@ -561,9 +561,10 @@ async fn a_subscription_the_server_refuses_leaves_loopguard_unready() {
 }
 
 /// A policy request the server's permissions refuse is logged as such (the
-/// message then fails as with a silent service), and is not counted as a
-/// lost output, though its subject is under the prefix: only refused
-/// copies, notices and events are (here the events, refused as well).
+/// message then fails as with a silent service), once for many, and is
+/// not counted as a lost output, though its subject is under the prefix:
+/// only refused copies, notices and events are (here the events, refused
+/// as well).
 #[tokio::test]
 async fn a_refused_policy_request_under_the_prefix_is_logged_not_counted_as_a_drop() {
     use futures::StreamExt;
@@ -613,6 +614,25 @@ async fn a_refused_policy_request_under_the_prefix_is_logged_not_counted_as_a_dr
         scrape.get("loopguard_policy_requests_total", &[("outcome", "timeout")]),
         1.0
     );
+    // Each refused request is one more error from the server: still one
+    // line (one every ten seconds, with the count), where each had its own.
+    for world in ["x1", "x2", "x3"] {
+        let subject = format!("chat.raw.{world}.agent.a");
+        client.publish(subject, "hello".into()).await.unwrap();
+    }
+    within("the later requests' timeouts", async {
+        loop {
+            let scrape = support::Scrape::take(&addr).await;
+            if scrape.get("loopguard_policy_requests_total", &[("outcome", "timeout")]) >= 4.0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let logs = lg.logs();
+    let lines = logs.matches("the server refused a publish loopguard needs");
+    assert_eq!(lines.count(), 1, "{logs}");
 }
 
 /// A JetStream set-up call the server's permissions refuse (here the
