@@ -90,7 +90,7 @@ fast bare relay ((b) 354k msg/s), which lowers every rate ratio over
 3. **One decision's p99 < 5 µs, in process: met**: 4.46 µs as a worker
    makes them (the cache's upkeep between them, the pass run first, its
    worlds growing into memory the process has not mapped). In eight more
-   runs of the same code (2026-11-24 00:15-00:50 UTC, the benchmark
+   runs of the same code (2026-11-24 00:18-00:44 UTC, the benchmark
    alone) 4.29-4.99 six times, 5.01 once, and 14.26 once, in a slow
    stretch of the machine where a page fault cost 13.5 µs at p50 (4-4.5
    in the others). 3.49% of its decisions took a page fault (4.02% at
@@ -462,7 +462,7 @@ cat <<'NOTES'
   `MIMALLOC_PURGE_DELAY=-1`. A sidecar that evicts many worlds at once
   may see such a stall; not measured in the relay.
 - **Where the faults come from** (`perf record -e page-faults` with call
-  stacks over the single-decision passes, 2026-11-24 00:00 UTC, the code
+  stacks over the single-decision passes, 2026-11-24 00:13 UTC, the code
   of ca715df, a sample of 92,000 faults): of those inside a decision,
   about half were recording an approval (the remembered messages' hash
   map doubling: the copy into its new table, the new table's control
@@ -483,10 +483,10 @@ cat <<'NOTES'
   hashes as the duplicate window does. A reused id is remembered again
   as its latest approval (the map kept it in its first place, so it went
   at the first approval's turn). In process (`state_memory`, the old
-  binary then the new, 2026-11-24 00:15 UTC): an idle world 886 → 757
+  binary then the new, 2026-11-24 00:16 UTC): an idle world 886 → 757
   bytes, five messages 1,952 → 1,822; a busy world talking in one thread
   126 → 65 KiB resident (164 → 94 weighed), with a thread a message 276
-  → 214 (270 → 258). Three runs of each build alternated (00:17-00:20
+  → 214 (270 → 258). Three runs of each build alternated (00:18-00:21
   UTC, the decision benchmark alone): upkeep-between p99 4.87-5.14 →
   4.51-5.01 µs, p50 2.50-2.67 → 2.24-2.50; its page faults 4.03% →
   3.49% of decisions; back to back p99 6.32-7.14 → 5.89-7.06; a world's
@@ -593,8 +593,8 @@ the first 100,000 worlds grow into memory the process has not touched,
 reuses the evicted worlds' memory, and 0.011-0.014 a message are left at
 5x-50x. Those are mimalloc giving freed pages back to the kernel (10 ms
 after they empty, by default) and faulting them in again on reuse: two
-runs of the build before the two queues (ca715df, 2026-11-24 00:00 and
-00:05 UTC), by default and with `MIMALLOC_PURGE_DELAY=-1` (never give
+runs of the build before the two queues (ca715df, 2026-11-24 00:07 and
+00:08 UTC), by default and with `MIMALLOC_PURGE_DELAY=-1` (never give
 back): 0.012-0.014 against 0.000 at 5x-50x, and 0.056-0.082 against
 0.001-0.011 after the first of the 256-byte ids' phases, for 2-35 MiB
 more resident (108.9 against 106.8 MiB at 50x, 256.6 against 221.3
