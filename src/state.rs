@@ -643,9 +643,9 @@ impl WorldState {
                 if index.len() > 2 * MAX_REMEMBERED {
                     // Drop entries whose message was forgotten or re-filed
                     // under another thread (a reused id). Each remembered
-                    // message backs at most one entry, so this leaves at most
-                    // MAX_REMEMBERED, and runs once per MAX_REMEMBERED new
-                    // threads at most.
+                    // id backs at most one entry (its latest approval's
+                    // thread), so this leaves at most MAX_REMEMBERED, and
+                    // runs once per MAX_REMEMBERED new threads at most.
                     let threads = self.memory.latest_threads();
                     let index_bytes = &mut self.index_bytes;
                     index.retain(|thread, id| {
