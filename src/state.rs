@@ -289,12 +289,11 @@ pub struct WorldState {
     extras: Option<Box<Extras>>,
     /// `state.idle_seconds`, as whole seconds: four bytes, not sixteen.
     idle_seconds: u32,
-    /// Bytes of the thread ids `messages` holds, each counted as often as
-    /// it is held (see [`WorldState::footprint`]).
+    /// Bytes of the thread ids `memory` holds, each counted as often as it
+    /// is held (see [`WorldState::footprint`]).
     remembered_bytes: u32,
     /// Bytes of the thread ids and ids `thread_latest` holds, counted apart
-    /// from `messages` even where they share them: an entry can outlive its
-    /// message (a reused id), keeping both alive.
+    /// from `memory`'s even where they share them (never too few).
     index_bytes: u32,
 }
 
@@ -640,12 +639,15 @@ impl WorldState {
                 if let Some((key, value)) = index.remove_entry(thread) {
                     self.index_bytes -= text_bytes(&key) + text_bytes(&value);
                 }
+                // Each entry names a message remembered in its thread (one
+                // that leaves takes its entry along, see `forget_message`),
+                // and each remembered message backs one entry at most.
+                debug_assert!(index.len() <= MAX_REMEMBERED, "{}", index.len());
                 if index.len() > 2 * MAX_REMEMBERED {
-                    // Drop entries whose message was forgotten or re-filed
-                    // under another thread (a reused id). Each remembered
-                    // id backs at most one entry (its latest approval's
-                    // thread), so this leaves at most MAX_REMEMBERED, and
-                    // runs once per MAX_REMEMBERED new threads at most.
+                    // A guard, which the bound above keeps from running:
+                    // drop entries whose id's latest approval is in another
+                    // thread or forgotten. Each remembered id backs at most
+                    // one entry then, so this leaves at most MAX_REMEMBERED.
                     let threads = self.memory.latest_threads();
                     let index_bytes = &mut self.index_bytes;
                     index.retain(|thread, id| {
@@ -946,19 +948,39 @@ impl Memory {
     }
 }
 
-/// Where the newest entry equal to `hash` is in `hashes`: the newest entry
-/// first; then, as most searched hashes are not there at all, whether it
-/// is anywhere, a block of comparisons the compiler does several at a
-/// time; then, seldom, where.
+/// Where the newest entry equal to `hash` is in `hashes` (oldest first):
+/// the newest entry first, then from the newest end on (see [`last_of`]).
 fn newest(hashes: &VecDeque<u64>, hash: u64) -> Option<usize> {
     if hashes.back() == Some(&hash) {
         return Some(hashes.len() - 1);
     }
     let (older, newer) = hashes.as_slices();
-    if !holds(older, hash) && !holds(newer, hash) {
-        return None;
+    last_of(newer, hash)
+        .map(|i| older.len() + i)
+        .or_else(|| last_of(older, hash))
+}
+
+/// Where the last entry equal to `hash` is in `hashes`: a block of them at
+/// a time from the end, with no early exit inside a block, so that the
+/// compiler compares a block in a few vector instructions, then the block
+/// that holds it. Most searched hashes are not there at all (a new
+/// content), and a busy world's windows are a thousand hashes: searched
+/// one by one, the duplicate window was a tenth of a decision there.
+fn last_of(hashes: &[u64], hash: u64) -> Option<usize> {
+    const BLOCK: usize = 16;
+    let blocks = hashes.rchunks_exact(BLOCK);
+    let front = blocks.remainder();
+    let mut end = hashes.len();
+    for block in blocks {
+        if block.iter().fold(false, |found, h| found | (*h == hash)) {
+            return block
+                .iter()
+                .rposition(|h| *h == hash)
+                .map(|i| end - BLOCK + i);
+        }
+        end -= BLOCK;
     }
-    hashes.iter().rposition(|h| *h == hash)
+    front.iter().rposition(|h| *h == hash)
 }
 
 /// A world's duplicate window: the times and hashes of approved contents,
@@ -1015,19 +1037,6 @@ impl Contents {
     fn bytes(&self) -> usize {
         deque_bytes(&self.times) + deque_bytes(&self.hashes)
     }
-}
-
-/// Whether `hashes` holds `hash`: a block of them at a time, with no early
-/// exit inside a block, so that the compiler compares a block in a few
-/// vector instructions (a busy world's window is a thousand hashes, and the
-/// one-by-one search was a tenth of a decision there).
-fn holds(hashes: &[u64], hash: u64) -> bool {
-    let blocks = hashes.chunks_exact(16);
-    let rest = blocks.remainder();
-    blocks
-        .into_iter()
-        .any(|block| block.iter().fold(false, |found, h| found | (*h == hash)))
-        || rest.contains(&hash)
 }
 
 /// How many of `times` are in the window: a binary search, as every window
@@ -2112,9 +2121,10 @@ mod tests {
         for id in ["y1", "y2", "y3"] {
             let l = w.lineage(id, Some("t3"), None, false);
             approve(&mut w, id, &l, t0);
+            // Both approvals are held after "y1", neither the newest entry.
+            assert_eq!(found(&w), Some((3, Arc::from("t1"))), "after {id}");
         }
         assert_eq!(w.memory.len(), MAX_REMEMBERED);
-        assert_eq!(found(&w), Some((3, Arc::from("t1"))));
         let reply = w.lineage("z", Some("t1"), None, true);
         assert_eq!(
             (reply.parent_id.as_deref(), reply.depth),
@@ -2276,15 +2286,22 @@ mod tests {
 
     #[test]
     fn the_duplicate_window_finds_every_hash_it_holds_wherever_its_ring_wraps() {
-        // Hashes in blocks and in the rest past the last block, at every place.
+        // Hashes in blocks and in the rest before the first block, at every
+        // place, some twice: the last of them is found.
         for len in 0..40u64 {
-            let hashes: Vec<u64> = (100..100 + len).collect();
-            for h in 99..=100 + len {
-                assert_eq!(
-                    holds(&hashes, h),
-                    (100..100 + len).contains(&h),
-                    "{len} {h}"
-                );
+            let hashes: Vec<u64> = (0..len).map(|i| 100 + i % 7).collect();
+            for h in 99..=107 {
+                let last = hashes.iter().rposition(|x| *x == h);
+                assert_eq!(last_of(&hashes, h), last, "{len} {h}");
+            }
+        }
+        // And in a ring, wherever it wraps.
+        let mut ring = VecDeque::with_capacity(64);
+        for i in 0..200u64 {
+            push_window(&mut ring, 1000 + i % 37, 50);
+            for h in 999..1040 {
+                let last = ring.iter().rposition(|x| *x == h);
+                assert_eq!(newest(&ring, h), last, "{i} {h}");
             }
         }
         let t0 = Stamp::of(Instant::now());
