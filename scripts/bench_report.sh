@@ -480,9 +480,16 @@ cat <<'NOTES'
   what is remembered, side by side, 32 bytes a message; a lookup tries
   the newest first (a reply's parent is mostly the latest message, and
   the world's latest, the usual fallback, always is) and else scans the
-  hashes as the duplicate window does. A reused id is remembered again
-  as its latest approval (the map kept it in its first place, so it went
-  at the first approval's turn). In process (`state_memory`, the old
+  hashes from the newest end as the duplicate window does, 16 at a time
+  (since 358f758: it stops at the block holding the hash; before, a
+  hash found far back took a second, one-by-one walk). The worst a client
+  can make of it, a parent or thread that is not remembered on every
+  message, is a pass over up to 1,024 hashes a lookup, which the
+  duplicate window makes on every message anyway (not timed). A reused id
+  is remembered again as its latest approval, in a slot of its own (the
+  map kept one entry in its first place, so it went at the first
+  approval's turn; now an id approved again pushes out an older message,
+  as a new id does). In process (`state_memory`, the old
   binary then the new, 2026-11-24 00:16 UTC): an idle world 886 → 757
   bytes, five messages 1,952 → 1,822; a busy world talking in one thread
   126 → 65 KiB resident (164 → 94 weighed), with a thread a message 276

@@ -733,10 +733,10 @@ impl WorldState {
 
     /// Accounts for a remembered message that left the memory (`key`, and
     /// what was remembered of it), and drops its thread's index entry if
-    /// that names it, unless a later approval of the same id is still
-    /// remembered in that thread. `latest` is left alone: its one caller
-    /// has taken it, and a latest message no longer remembered is what
-    /// lineage treats as none.
+    /// that names it, unless the id's latest approval still remembered is
+    /// in that thread too. `latest` is left alone: its one caller has
+    /// taken it, and a latest message no longer remembered is what lineage
+    /// treats as none.
     fn forget_message(&mut self, key: u64, gone: Remembered) {
         self.remembered_bytes -= text_bytes(&gone.thread_id);
         let Some(index) = &mut self.thread_latest else {
