@@ -644,21 +644,11 @@ impl WorldState {
                 // and each remembered message backs one entry at most.
                 debug_assert!(index.len() <= MAX_REMEMBERED, "{}", index.len());
                 if index.len() > 2 * MAX_REMEMBERED {
-                    // A guard, which the bound above keeps from running:
-                    // drop entries whose id's latest approval is in another
-                    // thread or forgotten. Each remembered id backs at most
-                    // one entry then, so this leaves at most MAX_REMEMBERED.
-                    let threads = self.memory.latest_threads();
-                    let index_bytes = &mut self.index_bytes;
-                    index.retain(|thread, id| {
-                        let keep = threads
-                            .get(&message_key(id))
-                            .is_some_and(|t| **t == *thread);
-                        if !keep {
-                            *index_bytes -= text_bytes(thread) + text_bytes(id);
-                        }
-                        keep
-                    });
+                    // A guard the bound above keeps from running, so that
+                    // a bug there cannot grow a world without end: replies
+                    // in other threads then fall back to the latest message.
+                    index.clear();
+                    self.index_bytes = 0;
                 }
             }
             self.latest = Some(id);
@@ -916,14 +906,6 @@ impl Memory {
     /// The latest approval remembered with this key.
     fn get(&self, key: u64) -> Option<&Remembered> {
         newest(&self.keys, key).map(|i| &self.messages[i])
-    }
-
-    /// Each remembered key's latest thread: for checking many ids at once,
-    /// where a search each would read the memory as often.
-    fn latest_threads(&self) -> Map<u64, &Arc<str>> {
-        // Oldest first, so a key's later approval replaces its earlier.
-        let threads = self.messages.iter().map(|m| &m.thread_id);
-        self.keys.iter().copied().zip(threads).collect()
     }
 
     /// Remembers a message, newest; returns the oldest if it had to go.
