@@ -155,37 +155,54 @@ msg/s, sustained less than (c3), with more rules, at 93k.
 
 ### Where loopguard's CPU goes
 
-`perf record -F 2000` of the profile-guided loopguard for 25 s during
-`BENCH_ONLY=pair` (side by side with (b) and (b2) at 20,000 msg/s, 100,000
-worlds), 2026-11-23 19:37 UTC, commit 500416d (before the cache's upkeep
-moved between decisions); one runtime thread (96% of the samples on it).
-Share of loopguard's samples:
+`perf record -F 2000` of the profile-guided loopguard over a whole
+`BENCH_ONLY=pair` run (its warm-up at 40,000 msg/s, then side by side with
+(b) and (b2) at 20,000 msg/s, 100,000 worlds), 2026-11-24 01:33 UTC,
+commit ccfe442; one runtime thread (97.5% of the samples on it). Beside
+it, the profile of 2026-11-23 19:37 UTC (commit 500416d, 25 s of the same
+run's steps, before the cache's upkeep moved between decisions and before
+the two queues). Share of loopguard's samples:
 
-| where | share |
-|---|---:|
-| `Judge::decide` (rules, parse, routing, serialisation, inlined) | 20.5% |
-| `Worlds::get_or_create` (the moka world lookup) | 9.6% |
-| mimalloc's `_mi_page_malloc` | 8.9% |
-| kernel scheduling and interrupts (`finish_task_switch` 5.4%, `irqentry_exit_to_user_mode` 3.1%, `_raw_spin_unlock_irqrestore` 1.6%) | about 10% |
-| `WorldState::record_approved` | 5.3% |
-| `memmove` | 4.9% |
-| `Worker::publish` | 3.5% |
-| async-nats's connection handler | 3.4% (+1.0% `poll_read_op`) |
-| `Egress::to_json` | 2.2% |
-| `clock_gettime` (vDSO) | 1.9% |
-| moka's iteration for the scrape's per-state world count (`scanning_get` 1.6%, `keys` 0.3%, `WorldState::conversation` 1.0%) | about 3% |
-| moka's upkeep, `do_run_pending_tasks` | 1.3% |
+| where | 2026-11-24 | 2026-11-23 |
+|---|---:|---:|
+| `Judge::decide` (rules, parse, routing, serialisation, inlined) | 16.7% | 20.5% |
+| `Worlds::get_or_create` (the moka world lookup) | 12.3% | 9.6% |
+| mimalloc's `_mi_page_malloc` | 9.3% | 8.9% |
+| kernel scheduling and interrupts (`finish_task_switch`, `irqentry_exit_to_user_mode`, `_raw_spin_unlock_irqrestore`; the kernel in all 18.5% on 2026-11-24) | 10.1% | about 10% |
+| `memmove` | 4.9% | 4.9% |
+| async-nats's connection handler | 4.0% (+1.2% `poll_read_op`) | 3.4% (+1.0%) |
+| `Worker::publish` | 3.9% | 3.5% |
+| `WorldState::record_approved` | 3.8% | 5.3% |
+| the intake's dispatch loop (`app::run`'s task) | 2.4% | — |
+| `Egress::to_json` | 2.3% | 2.2% |
+| `clock_gettime` (vDSO) | 2.1% | 1.9% |
+| moka's upkeep, `do_run_pending_tasks` | 1.7% | 1.3% |
+| moka's iteration for the scrape's per-state world count (`scanning_get`, `keys`, `WorldState::conversation`) | 2.1% | about 3% |
 
-perf annotate: inside `get_or_create`, 28% of its samples are on the load
-of moka's bucket pointer, 35% on the first read of the bucket (the key
-compare) and 15% on the entry's expiry word: three dependent cache misses
-a lookup. Inside `decide`, about 28% of its samples are in
-`WorldState::lineage`: the hashbrown probe of the world's message table
-(control bytes 7.0%, key compare 5.6%) and the reference-count increments
-of the parent's `Arc<str>` thread id (7.7% and 7.4%), each a load of
-memory last touched at that world's previous message.
+perf annotate of 2026-11-24: inside `get_or_create`, 32% of its samples
+are on the load of moka's bucket pointer, 32% on the first read of the
+bucket (the key compare) and 11% on the entry's expiry word: three
+dependent cache misses a lookup, as the day before. Inside `decide`, the
+hot instructions are each the first touch of one of the world's
+allocations since its previous message: the reference-count increments
+of the parent's `Arc<str>` id and of its thread id (6.7% and 4.2% of
+`decide`), the newest remembered hash (4.9%, where the hash map's probe
+was 12.6%), the activity window's oldest time (4.8%). A call-graph
+profile of the same run (`--call-graph dwarf`, 400 Hz) puts
+`_mi_page_malloc` under `Judge::deliver` (3.7% of loopguard's samples:
+the private subjects 1.3%, the copies' JSON 1.0%) and under async-nats's
+`HeaderMap::insert` (1.9%, which (b2) pays too), and `memmove` under the
+decision (1.1%), the workers' channel (0.9%, a message's work moved in
+and out) and async-nats's write buffer (1.2%). Context switches, read from
+/proc in the same kind of run: about 1,000 voluntary a second for each of
+(b), (b2) and (c1) at 20,000 msg/s, involuntary 100, 230 and 500.
+The two pair runs of that hour, at ccfe442, gave side-by-side medians
+(c1)/(b) 4.52 (under perf) and 4.01, (b2)/(b) 1.51 and 1.51, (c1)/(b2)
+2.96 and 2.71: (c1)/(b2) inside the spread above (2.64-3.13), (c1)/(b)
+at its low end (4.08-4.77).
 
-With 100,000 worlds of 9-11 KiB each (0.9-1.1 GB by the last steps),
+With 100,000 worlds (9-11 KiB each on 2026-11-23, 0.9-1.1 GB by the
+last steps; less since the two queues),
 every message's world is out of the CPU caches: loopguard's cost a
 message is dominated by cache misses
 on its own state (moka's table and entry, the world's tables, allocator
