@@ -297,7 +297,11 @@ def main():
     for level in ["info", " info\n", "loopguard = debug", "info,loopguard =trace", "[{req=abc}]",
                   "info, [{req=a b}]=debug", "target[{req=abc}]", "warning", "loopguard=verbose",
                   "[{a}]=verbose", "info, loopgaurd", "=debug", " = debug", "loopguard=debug]", "x=info{}",
-                  "info]", " ", ",", "info,,debug"]:
+                  "info]", " ", ",", "info,,debug",
+                  # a directive starts with a letter, digit, '_', ':', '-' or a span;
+                  # a span's field is not empty, and a span ends the target
+                  "*=debug", "\"loopguard\"=debug", "-x=debug", "\u00fc=debug", "a b=debug",
+                  "[{}]", "[{}]=debug", "[x]y=debug", "a[{b}c]=debug", "a]b[x]"]:
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
             yaml.safe_dump({"config": {"log": {"level": level}}}, f)
         p = helm("template", "lg", CHART, "-f", f.name, expect_ok=False)
@@ -308,6 +312,24 @@ def main():
             fail(f"log.level {level!r}: the schema {'accepts' if schema else 'refuses'} it, "
                  f"loopguard {'starts' if binary else 'refuses'}: {p.stderr}")
     ok("the schema and loopguard --check agree on each log.level filter tried")
+
+    # 4c. NATS credentials: loopguard refuses a control character in one (a
+    # Secret made from a file often ends in a newline); so does the schema.
+    for auth, toml in [({"natsUser": "lg", "natsPassword": "pw\n"}, 'user = "lg"\npassword = "pw\\n"'),
+                       ({"natsUser": "lg\t", "natsPassword": "pw"}, 'user = "lg\\t"\npassword = "pw"'),
+                       ({"natsToken": "tok\u0085"}, 'token = "tok\\u0085"'),
+                       ({"natsToken": "tok\u00a0"}, 'token = "tok\\u00a0"'),
+                       ({"natsUser": "lg", "natsPassword": "p\u00e4ss w\u00f6rd"}, 'user = "lg"\npassword = "p\u00e4ss w\u00f6rd"')]:
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            yaml.safe_dump({"auth": auth}, f)
+        p = helm("template", "lg", CHART, "-f", f.name, expect_ok=False)
+        os.unlink(f.name)
+        schema = p.returncode == 0
+        binary = loopguard_check(f"[nats]\n{toml}\n").returncode == 0
+        if schema != binary:
+            fail(f"NATS credentials {auth!r}: the schema {'accepts' if schema else 'refuses'} them, "
+                 f"loopguard {'starts' if binary else 'refuses'}: {p.stderr}")
+    ok("the schema and loopguard --check agree on NATS credentials with and without control characters")
 
     # 5. PrometheusRule == config/prometheus/alerts.yml, and promtool agrees
     rule = by_kind(rendered["full"][1], "PrometheusRule")
