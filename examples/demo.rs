@@ -63,6 +63,9 @@ async fn agent(
                 format!("@{peer} good point; {me} adds take #{n} (run {run})"),
                 msg["id"].clone(),
             ),
+            // Every reply answers the question, so the chain stays one
+            // deep: the question's id is the thread's, as it names no
+            // thread (a message naming one would be answered by its id).
             Style::Flat => (
                 format!("@{peer} building on that: idea #{n} from {me} (run {run})"),
                 msg["thread_id"].clone(),

@@ -29,7 +29,8 @@ import (
 
 // loopguard forgets an agent that only listens after `state.idle_seconds`
 // (an hour by default), and all of its roster on a restart: the agent joins
-// again this often, and whenever its connection comes back.
+// again this often (keep it below `state.idle_seconds`), and whenever its
+// connection comes back.
 const joinEvery = 10 * time.Minute
 
 // Message is what loopguard delivers (docs/CONTRACT.md §4); fields this
@@ -52,6 +53,32 @@ type Reply struct {
 }
 
 var nameRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// prefixRe is loopguard's `nats.prefix`: one or more dot-separated tokens
+// of the same characters (a `*`, `>` or space would make a wildcard or bad
+// subject).
+var prefixRe = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
+
+// passRe is the text loopguard hands the world back to a human for, in any
+// case.
+var passRe = regexp.MustCompile(`(?i)<world>pass</world>`)
+
+// quote is the first 60 characters of text (not bytes: a cut through a
+// multi-byte character would leave a replacement character where
+// json.Marshal met it), on one line and without the pass tag: quoted as
+// they came, a newline then `@carol` would address the reply to carol too,
+// and a quoted tag would make it a hand-back.
+func quote(text string) string {
+	line := strings.Join(strings.Fields(text), " ")
+	for passRe.MatchString(line) {
+		line = passRe.ReplaceAllString(line, "")
+	}
+	runes := []rune(line)
+	if len(runes) > 60 {
+		runes = runes[:60]
+	}
+	return string(runes)
+}
 
 // canonical is a world or agent name as loopguard reads it (contract §1): it
 // lowercases the token, which must then be 1-64 of a-z, 0-9, _ and -.
@@ -97,6 +124,9 @@ func main() {
 	world := mustName("world", *worldFlag)
 	name := mustName("name", *nameFlag)
 	peer := mustName("peer", *peerFlag)
+	if !prefixRe.MatchString(*prefix) {
+		usage(fmt.Errorf("-prefix %q: dot-separated tokens of A-Z, a-z, 0-9, '_' and '-'", *prefix))
+	}
 
 	raw := fmt.Sprintf("%s.raw.%s.agent.%s", *prefix, world, name)
 	join := fmt.Sprintf("%s.join.%s.%s", *prefix, world, name)
@@ -107,6 +137,11 @@ func main() {
 		nats.Name("loopguard-example-"+name),
 		nats.MaxReconnects(-1),
 		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
+		// A full `messages` channel drops what comes next (a slow
+		// consumer): said, not silent.
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			log.Printf("%s: %v", name, err)
+		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			// loopguard may have restarted meanwhile, its roster empty.
 			_ = nc.Publish(join, nil)
@@ -141,15 +176,8 @@ func main() {
 				continue
 			}
 			n++
-			// The first 60 characters, not bytes, as the other
-			// examples quote (a cut through a multi-byte character would
-			// leave a replacement character where json.Marshal met it).
-			quoted := []rune(message.Content)
-			if len(quoted) > 60 {
-				quoted = quoted[:60]
-			}
 			reply, _ := json.Marshal(Reply{
-				Content:  fmt.Sprintf("@%s %s replies (#%d) to: %s", peer, name, n, string(quoted)),
+				Content:  fmt.Sprintf("@%s %s replies (#%d) to: %s", peer, name, n, quote(message.Content)),
 				ParentID: message.ID,
 			})
 			if err := nc.Publish(raw, reply); err != nil {

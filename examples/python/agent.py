@@ -26,7 +26,8 @@ import nats
 
 # loopguard forgets an agent that only listens after `state.idle_seconds`
 # (an hour by default), and all of its roster on a restart: the agent joins
-# again this often, and whenever its connection comes back.
+# again this often (keep it below `state.idle_seconds`), and whenever its
+# connection comes back.
 JOIN_EVERY_SECONDS = 600
 
 # A world or agent name as loopguard reads it (contract §1): it lowercases
@@ -41,6 +42,24 @@ def canonical(name):
     if not NAME.fullmatch(name):
         raise ValueError(f"{name!r}: a name is 1-64 of a-z, 0-9, '_' and '-'")
     return name.lower()
+
+
+# loopguard's `nats.prefix`: one or more dot-separated tokens of the same
+# characters (a `*`, `>` or space would make a wildcard or bad subject).
+PREFIX = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+
+# loopguard hands the world back to a human for this text, in any case.
+PASS = re.compile(r"<world>pass</world>", re.IGNORECASE)
+
+
+def quote(text):
+    """The first 60 characters of `text`, on one line and without the pass
+    tag: quoted as they came, a newline then `@carol` would address the
+    reply to carol too, and a quoted tag would make it a hand-back."""
+    text = " ".join(text.split())
+    while PASS.search(text):
+        text = PASS.sub("", text)
+    return text[:60]
 
 
 class Agent:
@@ -80,12 +99,17 @@ class Agent:
             print(f"{self.name}: could not join again ({e!r}); trying later")
 
     async def on_message(self, msg):
-        message = json.loads(msg.data)
+        try:
+            message = json.loads(msg.data)
+            content, parent = message["content"], message["id"]
+        except (ValueError, TypeError, KeyError) as e:
+            print(f"{self.name}: not a loopguard message on {msg.subject}: {e!r}")
+            return
         self.received += 1
         reply = {
             # A different text each time, so only the loop rules can stop it.
-            "content": f"@{self.peer} {self.name} replies (#{self.received}) to: {message['content'][:60]}",
-            "parent_id": message["id"],
+            "content": f"@{self.peer} {self.name} replies (#{self.received}) to: {quote(content)}",
+            "parent_id": parent,
         }
         await self.nc.publish(self.raw, json.dumps(reply).encode())
 
@@ -103,13 +127,17 @@ async def main():
             canonical(name)
         except ValueError as e:
             parser.error(str(e))
+    if not PREFIX.fullmatch(args.prefix):
+        parser.error(f"--prefix {args.prefix!r}: dot-separated tokens of A-Z, a-z, 0-9, '_' and '-'")
     agent = None
 
     async def rejoin():
         if agent is not None:
             await agent.rejoin()
 
-    nc = await nats.connect(args.url, reconnected_cb=rejoin)
+    # Reconnects for ever (nats-py gives up after 60 tries by default, and
+    # the agent would go on deaf).
+    nc = await nats.connect(args.url, reconnected_cb=rejoin, max_reconnect_attempts=-1)
     agent = Agent(nc, args.world, args.name, args.peer, args.prefix)
     await agent.start()
     print(f"{agent.name}: listening on {agent.inbox}, publishing to {agent.raw}")

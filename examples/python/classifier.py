@@ -44,7 +44,9 @@ async def main():
     parser.add_argument("--url", default="nats://127.0.0.1:4222")
     parser.add_argument("--subject", default="loopguard.policy")
     args = parser.parse_args()
-    nc = await nats.connect(args.url)
+    # Reconnects for ever (nats-py gives up after 60 tries by default: a
+    # deaf policy service times out every question).
+    nc = await nats.connect(args.url, max_reconnect_attempts=-1)
 
     async def answer(msg):
         try:

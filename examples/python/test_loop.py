@@ -10,7 +10,10 @@ Two naive agents answer each other forever. The test starts them, lets a
 human start the conversation, and checks that loopguard rejects the message
 that makes the reply chain too deep, that nothing reaches an inbox after it
 (proved with a barrier through the same world, not with a sleep), and that
-every other message was delivered.
+every other message was delivered. The human's message also holds the pass
+tag and, on a line of its own, a mention of a third agent on the roster
+(carol, who only listens): an agent quoting it must neither hand the world
+back nor write to carol.
 """
 import argparse
 import asyncio
@@ -174,6 +177,7 @@ async def scenario(url, language):
     nc = await nats.connect(url)
     events = asyncio.Queue()
     delivered = [0]  # copies that reached an agent's inbox
+    to_carol = [0]  # of which to carol's
 
     # One subscription, so events and inbox copies are seen in the order
     # loopguard published them.
@@ -182,6 +186,7 @@ async def scenario(url, language):
             events.put_nowait(json.loads(msg.data))
         elif msg.subject.startswith("chat.private.pyloop."):
             delivered[0] += 1
+            to_carol[0] += msg.subject == "chat.private.pyloop.carol"
 
     await nc.subscribe("chat.>", cb=on_message)
     await nc.flush()
@@ -215,12 +220,16 @@ async def scenario(url, language):
     else:
         stop = await process_agents(url, AGENTS[language])
     try:
+        await nc.publish("chat.join.pyloop.carol", b"")
         await barrier("joined")
         seen.clear()
 
-        await nc.publish("chat.raw.pyloop.human.hank", json.dumps({"content": "@alice what do you think? ask bob"}).encode())
-        while not any(e["decision"] == "rejected" for e in seen):
+        opener = "@alice thoughts? ask bob <world>pass</world>\n@carol"
+        await nc.publish("chat.raw.pyloop.human.hank", json.dumps({"content": opener}).encode())
+        while not any(e["decision"] in ("rejected", "edited") for e in seen):
             seen.append(await events.get())
+        edited = [e for e in seen if e["decision"] == "edited"]
+        assert not edited, f"an agent quoted the pass tag and handed the world back: {edited}"
         cut = next(e for e in seen if e["decision"] == "rejected")
         assert cut["rule"] == "depth", cut
         assert cut["depth"] == 7, cut
@@ -230,8 +239,10 @@ async def scenario(url, language):
         assert delivered[0] == before, "an agent received a message after the cut"
         approved_agent_messages = [e for e in seen if e["decision"] == "approved" and e["sender_kind"] == "agent"]
         assert len(approved_agent_messages) == 6, seen
-        # hank's message reached alice, then each approved reply reached the peer
-        assert delivered[0] == 1 + 6, delivered[0]
+        # hank's message reached alice and carol, then each approved reply
+        # reached the peer alone
+        assert to_carol[0] == 1, f"carol received {to_carol[0]} copies: a quoted mention addressed her"
+        assert delivered[0] == 2 + 6, delivered[0]
     finally:
         await stop()
     await nc.close()

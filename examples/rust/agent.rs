@@ -26,7 +26,8 @@ use tokio::signal::unix::{signal, SignalKind};
 
 /// loopguard forgets an agent that only listens after `state.idle_seconds`
 /// (an hour by default), and all of its roster on a restart: the agent
-/// joins again this often, and whenever its connection comes back.
+/// joins again this often (keep it below `state.idle_seconds`), and
+/// whenever its connection comes back.
 const JOIN_EVERY: Duration = Duration::from_secs(600);
 
 /// How long a drain may take to get what was published to the server.
@@ -48,7 +49,7 @@ struct Args {
     #[arg(long, value_parser = canonical)]
     peer: String,
     /// loopguard's nats.prefix.
-    #[arg(long, default_value = "chat")]
+    #[arg(long, default_value = "chat", value_parser = prefix)]
     prefix: String,
 }
 
@@ -65,6 +66,33 @@ fn canonical(name: &str) -> Result<String, String> {
         true => Ok(name.to_ascii_lowercase()),
         false => Err("a name is 1-64 of a-z, 0-9, '_' and '-'".to_owned()),
     }
+}
+
+/// loopguard's `nats.prefix`: one or more dot-separated tokens of the same
+/// characters (a `*`, `>` or space would make a wildcard or bad subject).
+fn prefix(prefix: &str) -> Result<String, String> {
+    let token = |t: &str| {
+        !t.is_empty()
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    };
+    match prefix.split('.').all(token) {
+        true => Ok(prefix.to_owned()),
+        false => Err("dot-separated tokens of A-Z, a-z, 0-9, '_' and '-'".to_owned()),
+    }
+}
+
+/// The first 60 characters of `text` (not bytes), on one line and without
+/// the pass tag: quoted as they came, a newline then `@carol` would address
+/// the reply to carol too, and a quoted tag would make it a hand-back.
+fn quote(text: &str) -> String {
+    const PASS: &str = "<world>pass</world>";
+    let mut line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    // The tag in any case: ASCII, so a lowercase copy has the same offsets.
+    while let Some(at) = line.to_ascii_lowercase().find(PASS) {
+        line.replace_range(at..at + PASS.len(), "");
+    }
+    line.chars().take(60).collect()
 }
 
 /// What loopguard delivers (docs/CONTRACT.md §4): `sender`, `sender_kind`,
@@ -129,11 +157,8 @@ async fn main() {
                     }
                 };
                 n += 1;
-                // The first 60 characters, not bytes, as the other examples
-                // quote.
-                let quoted: String = message.content.chars().take(60).collect();
                 let reply = serde_json::json!({
-                    "content": format!("@{peer} {name} replies (#{n}) to: {quoted}"),
+                    "content": format!("@{peer} {name} replies (#{n}) to: {}", quote(&message.content)),
                     // The message answered: loopguard counts the chain's depth.
                     "parent_id": message.id,
                 });

@@ -12,7 +12,8 @@ import { connect, Events, JSONCodec } from "nats";
 
 // loopguard forgets an agent that only listens after `state.idle_seconds`
 // (an hour by default), and all of its roster on a restart: the agent joins
-// again this often, and whenever its connection comes back.
+// again this often (keep it below `state.idle_seconds`), and whenever its
+// connection comes back.
 const JOIN_EVERY_MS = 10 * 60 * 1000;
 
 interface Message {
@@ -43,14 +44,38 @@ function canonical(flag: string, name: string): string {
   return name.toLowerCase();
 }
 
+// loopguard's `nats.prefix`: one or more dot-separated tokens of the same
+// characters (a `*`, `>` or space would make a wildcard or bad subject).
+function prefixOf(prefix: string): string {
+  if (!/^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$/.test(prefix)) {
+    throw new Error(`--prefix ${JSON.stringify(prefix)}: dot-separated tokens of A-Z, a-z, 0-9, '_' and '-'`);
+  }
+  return prefix;
+}
+
+// The first 60 characters of `text` (not UTF-16 units: a cut through an
+// emoji's surrogate pair would send invalid JSON), on one line and without
+// the pass tag: quoted as they came, a newline then `@carol` would address
+// the reply to carol too, and a quoted tag would make it a hand-back.
+function quote(text: string): string {
+  let line = text.split(/\s+/).filter((w) => w !== "").join(" ");
+  for (;;) {
+    const cut = line.replace(/<world>pass<\/world>/gi, "");
+    if (cut === line) break;
+    line = cut;
+  }
+  return Array.from(line).slice(0, 60).join("");
+}
+
 async function main(): Promise<void> {
   const url = arg("url", "nats://127.0.0.1:4222");
   const world = canonical("world", arg("world", "demo"));
   const name = canonical("name", arg("name"));
   const peer = canonical("peer", arg("peer"));
-  const prefix = arg("prefix", "chat");
+  const prefix = prefixOf(arg("prefix", "chat"));
 
-  const nc = await connect({ servers: url });
+  // Reconnects for ever (nats.js gives up after 10 tries by default).
+  const nc = await connect({ servers: url, maxReconnectAttempts: -1 });
   const json = JSONCodec<Message | { content: string; parent_id: string }>();
   const raw = `${prefix}.raw.${world}.agent.${name}`;
   const join = `${prefix}.join.${world}.${name}`;
@@ -70,18 +95,25 @@ async function main(): Promise<void> {
 
   let n = 0;
   for await (const m of inbox) {
-    const message = json.decode(m.data) as Message;
+    let message: Message;
+    try {
+      message = json.decode(m.data) as Message;
+      if (typeof message.content !== "string" || typeof message.id !== "string") throw new Error("no content or id");
+    } catch (err) {
+      console.error(`${name}: not a loopguard message on ${m.subject}: ${err}`);
+      continue;
+    }
     n += 1;
-    // The first 60 characters, not UTF-16 units: a cut through an emoji's
-    // surrogate pair would send invalid JSON (loopguard takes that as text).
-    const quoted = Array.from(message.content).slice(0, 60).join("");
     nc.publish(raw, json.encode({
-      content: `@${peer} ${name} replies (#${n}) to: ${quoted}`,
+      content: `@${peer} ${name} replies (#${n}) to: ${quote(message.content)}`,
       parent_id: message.id,
     }));
   }
-  // The connection closed: nothing more to join.
+  // The connection closed for good (it reconnects otherwise): an agent
+  // that cannot hear fails, so a supervisor restarts it.
   clearInterval(rejoin);
+  const err = await nc.closed();
+  throw new Error(`connection closed${err ? `: ${err.message}` : ""}`);
 }
 
 main().catch((err) => {
