@@ -103,7 +103,12 @@ def main():
 
     # loopguard's environment and mounted config are a valid configuration
     lg = services["loopguard"]
-    config = mounts[("loopguard", "/etc/loopguard/loopguard.toml")]
+    # The config's directory: a file mount stays on the old file when an
+    # editor saves by renaming, and a reload would read that again.
+    confdir = mounts.get(("loopguard", "/etc/loopguard"))
+    if confdir is None or not os.path.isdir(confdir):
+        fail("loopguard's config is not mounted as a directory at /etc/loopguard")
+    config = os.path.join(confdir, "loopguard.toml")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPGUARD")}
     env.update({k: str(v) for k, v in lg["environment"].items()})
     p = subprocess.run([LOOPGUARD, "--check", "--config", config], env=env, capture_output=True, text=True)
@@ -117,6 +122,20 @@ def main():
             if not str(published).startswith("127.0.0.1:"):
                 fail(f"{name} publishes {published} beyond this machine's loopback")
     ok("loopguard's config and LOOPGUARD__ environment pass loopguard --check")
+
+    # Brought back after a crash, an OOM kill or a failed worker, as a
+    # Deployment's pod is; given the time its drain may take before a kill.
+    for name in ["nats", "loopguard"]:
+        if services[name].get("restart") not in ("always", "unless-stopped"):
+            fail(f"{name} has no restart policy (got {services[name].get('restart')!r})")
+    with open(config, "rb") as f:
+        grace = tomllib.load(f).get("shutdown", {}).get("grace_seconds", 10)
+    grace = int(lg["environment"].get("LOOPGUARD__SHUTDOWN__GRACE_SECONDS", grace))
+    stop = re.fullmatch(r"(\d+)s", str(lg.get("stop_grace_period", "10s")))
+    if not stop or int(stop.group(1)) < grace + 3:
+        fail(f"loopguard's stop_grace_period {lg.get('stop_grace_period')!r} is under its drain bound, "
+             f"shutdown.grace_seconds + 3 s = {grace + 3} s")
+    ok(f"nats and loopguard restart; loopguard's stop grace covers its drain ({grace} + 3 s)")
 
     # Prometheus: scrapes loopguard as job "loopguard", loads alerts.yml
     prom = yaml.safe_load(open(mounts[("prometheus", "/etc/prometheus/prometheus.yml")]))
