@@ -88,6 +88,11 @@ examples/typescript/node_modules/.installed: examples/typescript/package-lock.js
 test-alerts: test-deps
 	promtool check rules config/prometheus/alerts.yml
 	cd config/prometheus && promtool test rules alerts_test.yml
+	# The dashboard's queries, as recording rules: parsed, and some tested.
+	mkdir -p target
+	python3 scripts/dashboard_rules.py config/grafana/loopguard.json > target/dashboard-rules.yml
+	promtool check rules target/dashboard-rules.yml
+	cd config/grafana && promtool test rules dashboard_test.yml
 
 lint:
 	$(CARGO) fmt --check
