@@ -394,13 +394,44 @@ impl Judge {
         payload: &[u8],
         fallback_id: FallbackId<'_>,
     ) -> Option<Decision> {
+        self.decide_in(origin, payload, fallback_id, false)
+    }
+
+    /// Decides a join, or a message whose subject is invalid, of a world
+    /// whose messages wait behind a policy request, ahead of them (the
+    /// worker holds back no more than [`crate::ingest::MAX_HELD_PER_WORLD`]
+    /// of one world's): neither publishes a copy, so the order of the
+    /// world's copies holds. As [`Judge::decide`], but the world is the one
+    /// that waits (not looked up in the cache, nor renewed there: its
+    /// answer counts as use, and a lookup meanwhile could forget a world
+    /// idle past a short `state.idle_seconds` under its waiting message).
+    /// Any other message is decided as `decide` would.
+    pub fn decide_beside_waiting(
+        &self,
+        origin: Origin,
+        payload: &[u8],
+        fallback_id: FallbackId<'_>,
+    ) -> Option<Decision> {
+        self.decide_in(origin, payload, fallback_id, true)
+    }
+
+    fn decide_in(
+        &self,
+        origin: Origin,
+        payload: &[u8],
+        fallback_id: FallbackId<'_>,
+        beside_waiting: bool,
+    ) -> Option<Decision> {
         let started = Instant::now();
         let settings = self.settings();
         let mut decision = match origin {
             Origin::Join { world, agent } => {
                 let now = self.clock.now();
                 let ws = settings.world(&world);
-                let handle = self.worlds.get_or_create(&world, ws, now);
+                let waiting = beside_waiting
+                    .then(|| self.worlds.get(&world, now))
+                    .flatten();
+                let handle = waiting.unwrap_or_else(|| self.worlds.get_or_create(&world, ws, now));
                 let now = Stamp::of(now);
                 let mut w = state::lock(&handle);
                 w.bring_onto(ws, settings.config.mode, now);
@@ -414,7 +445,7 @@ impl Judge {
                 sender,
                 reason,
             } => {
-                if let Some(world) = &world {
+                if let Some(world) = world.as_ref().filter(|_| !beside_waiting) {
                     self.worlds
                         .renew(world, settings.world(world), self.clock.now());
                 }

@@ -473,6 +473,27 @@ async fn a_message_the_policy_rejects_changes_nothing_in_its_world() {
 /// Answers policy requests on `subject` (subscribed before it returns):
 /// approves at once, except a content with "slow", whose answer waits until
 /// the returned sender is used.
+/// Everything received until `n` public copies of `world` came. A world
+/// that holds back 64 messages or more decides a barrier's invalid
+/// subjects ahead of them ([`Harness::settle`] would return before they
+/// are published), so its held-back copies are counted instead.
+async fn until_public(h: &mut Harness, world: &str, n: usize) -> support::Outputs {
+    let public = format!("chat.public.{world}");
+    let mut out = Vec::new();
+    support::within(&format!("{n} public copies in {world}"), async {
+        while out
+            .iter()
+            .filter(|r: &&support::Received| r.subject == public)
+            .count()
+            < n
+        {
+            out.push(h.recv().await.expect("recorder runs"));
+        }
+    })
+    .await;
+    support::Outputs(out)
+}
+
 async fn gated_policy_service(
     client: async_nats::Client,
     subject: &'static str,
@@ -684,7 +705,11 @@ async fn past_its_share_a_waiting_world_s_agent_messages_are_rejected_not_held()
     }
 
     open.send(()).unwrap();
-    let out = h.settle("flood").await;
+    let out = until_public(&mut h, "flood", 67).await;
+    assert!(
+        h.settle("flood").await.public("flood").is_empty(),
+        "no more"
+    );
     let contents: Vec<&str> = out
         .public("flood")
         .iter()
@@ -704,6 +729,81 @@ async fn past_its_share_a_waiting_world_s_agent_messages_are_rejected_not_held()
     assert_eq!(
         scrape.get("loopguard_policy_requests_total", &[("outcome", "backlog")]),
         3.0
+    );
+}
+
+/// Nor can its joins and invalid subjects: past 64 held back, they are
+/// decided at once, ahead of the held ones (they publish no copy), so
+/// thousands of them (more than a worker holds back and queues, 1,024 and
+/// 4,096) leave the intake free: every other world is decided while this
+/// one still waits. Before, they were all held back: the worker took no
+/// more, its queue filled, and the intake stopped for every world until
+/// the answer came (found by review).
+#[tokio::test]
+async fn past_its_share_a_waiting_world_s_joins_and_invalid_subjects_do_not_stall_the_intake() {
+    let mut h = Harness::start(&format!(
+        "{BASE}[rules.policy]\nsubject = \"policy.gate\"\ntimeout_ms = 10000\n"
+    ))
+    .await;
+    let open = gated_policy_service(h.client.clone(), "policy.gate").await;
+    h.send_json("flood", "agent", "alice", msg("a slow answer"))
+        .await;
+    let agents = ["bob", "carol"];
+    for i in 0..63 {
+        h.send_json("flood", "agent", agents[i % 2], msg(&format!("answer {i}")))
+            .await;
+    }
+    // All 64 held back before the flood (core mode reads joins beside raw
+    // messages, not after them): a barrier through another world.
+    h.settle("before").await;
+    // A sender name too long to be one: invalid, in a valid world.
+    let invalid = format!("chat.raw.flood.agent.{}", "x".repeat(65));
+    for i in 0..3000 {
+        h.join("flood", &format!("j{}", i % 4)).await;
+        h.publish(
+            invalid.clone(),
+            format!("{{\"content\": \"junk {i}\"}}").into(),
+        )
+        .await;
+    }
+    // Barriers through 16 other worlds, so through flood's worker too
+    // (one of two, by hash), behind its 6,000.
+    let mut rejected = 0;
+    for i in 0..16 {
+        let other = h.settle(&format!("other{i}")).await;
+        assert!(
+            other.public("flood").is_empty(),
+            "flood published before its answer came: the intake waited for it"
+        );
+        rejected += other
+            .field("flood", "rule")
+            .iter()
+            .filter(|r| *r == "invalid")
+            .count();
+    }
+    assert_eq!(
+        rejected, 3000,
+        "every invalid subject rejected while flood waits"
+    );
+
+    open.send(()).unwrap();
+    h.send_json("flood", "human", "hank", msg("@j3 you joined"))
+        .await;
+    let mut out = until_public(&mut h, "flood", 64).await;
+    // No longer waiting: the barrier comes after the human's message.
+    out.0.extend(h.settle("flood").await.0);
+    let mut expected = vec!["a slow answer".to_string()];
+    expected.extend((0..63).map(|i| format!("answer {i}")));
+    let public: Vec<&str> = out
+        .public("flood")
+        .iter()
+        .map(|r| r.str("content"))
+        .collect();
+    assert_eq!(public, expected, "every held-back message, in order");
+    assert_eq!(
+        out.private("flood", "j3").len(),
+        1,
+        "j3 joined while flood waited"
     );
 }
 
@@ -729,8 +829,9 @@ async fn in_observe_mode_a_waiting_world_holds_back_every_message() {
         assert!(other.0.is_empty(), "nothing of flood yet: {other:?}");
     }
     open.send(()).unwrap();
-    let out = h.settle("flood").await;
-    assert_eq!(out.public("flood").len(), 71, "all delivered");
+    let mut out = until_public(&mut h, "flood", 71).await;
+    out.0.extend(h.settle("flood").await.0);
+    assert_eq!(out.public("flood").len(), 71, "all delivered, once");
     assert!(
         out.field("flood", "reason")
             .iter()

@@ -57,12 +57,14 @@ pub const MAX_PARKED: usize = 1024;
 
 /// Messages a worker holds back behind one world's policy request before
 /// that world's further agent messages are rejected undecided (rule
-/// `policy`, see [`Judge::shed`]), so one world flooding a slow service
+/// `policy`, see [`Judge::shed`]), and its joins and invalid subjects are
+/// decided at once, ahead of the held ones (they publish no copy: see
+/// [`Judge::decide_beside_waiting`]), so one world flooding a slow service
 /// cannot fill [`MAX_PARKED`] alone and hold back every world. The rest are
-/// still held back: humans' and the system's messages, passes, joins,
-/// invalid subjects, JetStream redeliveries of messages this worker holds
-/// or remembers deciding (see `first_here`), and, in observe mode (which
-/// rejects nothing for the service), every message.
+/// still held back: humans' and the system's messages, passes, JetStream
+/// redeliveries of messages this worker holds or remembers deciding (see
+/// `first_here`), and, in observe mode (which rejects nothing for the
+/// service), agents' messages.
 pub const MAX_HELD_PER_WORLD: usize = 64;
 
 /// JetStream acknowledgements a worker holds before it confirms their
@@ -380,6 +382,9 @@ impl Worker {
                     if let Some(decision) = shed(&self.judge, &work, held + 1) {
                         return self.conclude(decision.outbound, work.delivery).await;
                     }
+                    if matches!(work.origin, Origin::Join { .. } | Origin::Invalid { .. }) {
+                        return self.decide_beside_waiting(work).await;
+                    }
                 }
                 if let Some(d) = &work.delivery {
                     self.held_keys.insert(d.key);
@@ -443,6 +448,28 @@ impl Worker {
                 Decided::Asking(decision, check) => self.ask(decision, check, delivery, held),
             },
         }
+    }
+
+    /// A join or an invalid subject of a world that holds back
+    /// [`MAX_HELD_PER_WORLD`] messages: decided now, ahead of them (see
+    /// [`Judge::decide_beside_waiting`]), its rejection published as a
+    /// shed one is.
+    async fn decide_beside_waiting(
+        &mut self,
+        Work {
+            origin,
+            message,
+            delivery,
+        }: Work,
+    ) {
+        let stable = delivery.as_ref().map(|d| d.stable_id.as_str());
+        let fallback = fallback_id(&message, stable);
+        let decided = self
+            .judge
+            .decide_beside_waiting(origin, &message.payload, fallback);
+        self.judge.upkeep_between();
+        let outbound = decided.map(|d| d.outbound).unwrap_or_default();
+        self.conclude(outbound, delivery).await
     }
 
     /// Publishes a final decision's outputs; a JetStream message's are
