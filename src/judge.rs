@@ -487,11 +487,12 @@ impl Judge {
     /// world, see `ingest::MAX_HELD_PER_WORLD`). Reads none of the world's state and
     /// changes none: a message that is not held back has no place in the
     /// world's order. One the rules could not read at all is rejected for
-    /// that, as `decide` would. `None` for a pass, which the policy service
-    /// is never asked about and which hands the world back to a human, and
-    /// in observe mode, which rejects nothing (read here, with the limit,
-    /// from one reading of the settings): it is held back, to be decided in
-    /// its turn.
+    /// that, as `decide` would. A pass too, though the policy service is
+    /// never asked about one: held back without bound, an agent's passes
+    /// could fill the worker's room and stop the intake for every world.
+    /// `None` in observe mode, which rejects nothing (read here, with the
+    /// limit, from one reading of the settings): it is held back, to be
+    /// decided in its turn.
     pub fn shed(
         &self,
         world: &Name,
@@ -507,7 +508,6 @@ impl Judge {
         }
         let limit = settings.config.limits.max_payload_bytes;
         let (rule, reason, id) = match envelope::parse(payload, fallback_id, limit) {
-            Ok(env) if pass::is_pass(&env.content) => return None,
             Ok(env) => (
                 RuleName::Policy,
                 format!("policy check backlog: {held} earlier messages of this world wait for the policy service"),
@@ -1756,18 +1756,19 @@ mod tests {
         let d = shed(b"\xff\xfe").expect("shed");
         assert_eq!(d.rule, Some(RuleName::Invalid));
         assert!(rig.judge.worlds().get(&w, rig.clock.now()).is_none());
-        assert!(
-            shed(b"<world>pass</world>").is_none(),
-            "a pass is held back"
-        );
+        // A pass too: held back without bound, passes could fill the
+        // worker's room.
+        let d = shed(b"<world>pass</world>").expect("shed");
+        assert_eq!(d.rule, Some(RuleName::Policy));
+        assert!(rig.judge.worlds().get(&w, rig.clock.now()).is_none());
         let scrape = String::from_utf8(rig.judge.metrics().encode()).unwrap();
         assert!(
-            scrape.contains("loopguard_policy_requests_total{outcome=\"backlog\"} 1"),
+            scrape.contains("loopguard_policy_requests_total{outcome=\"backlog\"} 2"),
             "{scrape}"
         );
-        // Each rejection is a decision the histogram times (not the pass).
+        // Each rejection is a decision the histogram times.
         assert!(
-            scrape.contains("loopguard_decision_duration_seconds_count 2"),
+            scrape.contains("loopguard_decision_duration_seconds_count 3"),
             "{scrape}"
         );
     }

@@ -61,10 +61,10 @@ pub const MAX_PARKED: usize = 1024;
 /// decided at once, ahead of the held ones (they publish no copy: see
 /// [`Judge::decide_beside_waiting`]), so one world flooding a slow service
 /// cannot fill [`MAX_PARKED`] alone and hold back every world. The rest are
-/// still held back: humans' and the system's messages, passes, JetStream
-/// redeliveries of messages this worker holds or remembers deciding (see
-/// `first_here`), and, in observe mode (which rejects nothing for the
-/// service), agents' messages.
+/// still held back: humans' and the system's messages (trusted senders),
+/// JetStream redeliveries of messages this worker holds or remembers
+/// deciding (see `first_here`), and, in observe mode (which rejects
+/// nothing for the service), agents' messages.
 pub const MAX_HELD_PER_WORLD: usize = 64;
 
 /// JetStream acknowledgements a worker holds before it confirms their
@@ -895,7 +895,7 @@ fn first_here(
 
 /// The rejection of a message whose world already holds back `held`
 /// behind its policy request, when it is rejected rather than held back:
-/// an agent's, outside observe mode, but not a pass (see [`Judge::shed`]).
+/// an agent's (a pass too), outside observe mode (see [`Judge::shed`]).
 /// (Nor a JetStream redelivery whose first delivery is held or decided,
 /// see [`first_here`].)
 fn shed(judge: &Judge, work: &Work, held: usize) -> Option<Decision> {
