@@ -316,35 +316,51 @@ impl Publisher {
         };
         self.breakers
             .record(subject, ended, Instant::now(), check.trip_after);
-        let reply = match reply {
-            Ok(reply) => reply,
-            Err((failure, why)) => return PolicyOutcome::Failed { failure, why },
-        };
-        #[derive(serde::Deserialize)]
-        struct Answer {
-            decision: String,
-            #[serde(default)]
-            reason: Option<String>,
-        }
-        match serde_json::from_slice::<Answer>(&reply.payload) {
-            Ok(a) if a.decision == "approve" => PolicyOutcome::Approve,
-            Ok(a) if a.decision == "reject" => PolicyOutcome::Reject(
-                a.reason
-                    .unwrap_or_else(|| "rejected by the policy service".into())
-                    .chars()
-                    .take(500)
-                    .collect(),
-            ),
-            _ => PolicyOutcome::Failed {
-                failure: PolicyFailure::Error,
-                why: "the answer is not {\"decision\": \"approve\"|\"reject\"}".into(),
-            },
+        match reply {
+            Ok(reply) => read_answer(&reply.payload),
+            Err((failure, why)) => PolicyOutcome::Failed { failure, why },
         }
     }
 
     /// Waits until everything published so far has reached the server.
     pub async fn flush(&self) -> Result<(), async_nats::client::FlushError> {
         self.client.flush().await
+    }
+}
+
+/// The characters of a policy service's reason kept (the event's reason
+/// quotes it).
+pub const MAX_POLICY_REASON_CHARS: usize = 500;
+
+/// What a policy service's answer says: `{"decision": "approve"|"reject",
+/// "reason": "…"}` (other fields ignored; a reject's reason optional, cut
+/// to [`MAX_POLICY_REASON_CHARS`]). Anything else is a failed question, as
+/// no answer is: the service's bytes are not trusted.
+pub fn read_answer(payload: &[u8]) -> PolicyOutcome {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        decision: String,
+        #[serde(default)]
+        reason: Option<String>,
+    }
+    // An object: serde would also read `["approve"]` as one.
+    let object = payload.trim_ascii_start().first() == Some(&b'{');
+    match serde_json::from_slice::<Answer>(payload)
+        .ok()
+        .filter(|_| object)
+    {
+        Some(a) if a.decision == "approve" => PolicyOutcome::Approve,
+        Some(a) if a.decision == "reject" => PolicyOutcome::Reject(
+            a.reason
+                .unwrap_or_else(|| "rejected by the policy service".into())
+                .chars()
+                .take(MAX_POLICY_REASON_CHARS)
+                .collect(),
+        ),
+        _ => PolicyOutcome::Failed {
+            failure: PolicyFailure::Error,
+            why: "the answer is not {\"decision\": \"approve\"|\"reject\"}".into(),
+        },
     }
 }
 
@@ -413,6 +429,91 @@ fn debug_assert_safe(subject: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A policy service's bytes are untrusted: only the two answers count,
+    /// a reason is kept to 500 characters (not bytes), and anything else is
+    /// a failed question.
+    #[test]
+    fn a_policy_answer_is_read_strictly() {
+        let failed = |p: &[u8]| {
+            matches!(
+                read_answer(p),
+                PolicyOutcome::Failed {
+                    failure: PolicyFailure::Error,
+                    ..
+                }
+            )
+        };
+        assert_eq!(
+            read_answer(br#"{"decision":"approve"}"#),
+            PolicyOutcome::Approve
+        );
+        assert_eq!(
+            read_answer(br#"{"decision":"approve","reason":"fine","score":0.9}"#),
+            PolicyOutcome::Approve,
+            "other fields ignored"
+        );
+        assert_eq!(
+            read_answer(br#"{"decision":"reject","reason":"off topic"}"#),
+            PolicyOutcome::Reject("off topic".into())
+        );
+        for no_reason in [
+            &br#"{"decision":"reject"}"#[..],
+            br#"{"decision":"reject","reason":null}"#,
+        ] {
+            assert_eq!(
+                read_answer(no_reason),
+                PolicyOutcome::Reject("rejected by the policy service".into())
+            );
+        }
+        let long = format!(r#"{{"decision":"reject","reason":"{}"}}"#, "é".repeat(600));
+        assert_eq!(
+            read_answer(long.as_bytes()),
+            PolicyOutcome::Reject("é".repeat(MAX_POLICY_REASON_CHARS))
+        );
+        for bad in [
+            &b""[..],
+            b"approve",
+            b"\xff\xfe",
+            br#"{"decision":"Approve"}"#,
+            br#"{"decision":"maybe"}"#,
+            br#"{"decision":1}"#,
+            br#"{"decision":"reject","reason":5}"#,
+            br#"{"reason":"no decision"}"#,
+            br#"["approve"]"#,
+            br#"["reject","why"]"#,
+            br#"{"decision":"approve""#,
+        ] {
+            assert!(failed(bad), "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    proptest::proptest! {
+        /// As the fuzz target (fuzz/fuzz_targets/policy_answer.rs): an
+        /// approval only from an object whose decision is "approve", a
+        /// reason never past its bound, on text built from JSON's pieces.
+        #[test]
+        fn any_answer_is_read_within_its_bounds(
+            parts in proptest::collection::vec(proptest::sample::select(vec![
+                "{", "}", "[", "]", ",", ":", " ", "\"decision\"", "\"reason\"",
+                "\"approve\"", "\"reject\"", "\"x\"", "null", "1", "\"é\u{1F600}\"",
+            ]), 0..12)
+        ) {
+            let text = parts.concat();
+            match read_answer(text.as_bytes()) {
+                PolicyOutcome::Approve => {
+                    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                    proptest::prop_assert!(v.is_object() && v["decision"] == "approve", "{}", text);
+                }
+                PolicyOutcome::Reject(reason) => {
+                    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                    proptest::prop_assert!(v.is_object() && v["decision"] == "reject", "{}", text);
+                    proptest::prop_assert!(reason.chars().count() <= MAX_POLICY_REASON_CHARS);
+                }
+                PolicyOutcome::Failed { .. } => {}
+            }
+        }
+    }
 
     #[test]
     fn only_a_missing_answer_leaves_the_input_for_redelivery() {
