@@ -121,6 +121,22 @@ def loopguard_check(toml):
     return p
 
 
+def schema_agrees(values, toml, what):
+    """Fails unless the chart's schema takes `values` (a values file: --set
+    would read braces as a list) exactly when `loopguard --check` takes
+    `toml`, the setting they render to."""
+    import yaml
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(values, f)
+    p = helm("template", "lg", CHART, "-f", f.name, expect_ok=False)
+    os.unlink(f.name)
+    schema = p.returncode == 0
+    binary = loopguard_check(toml).returncode == 0
+    if schema != binary:
+        fail(f"{what}: the schema {'accepts' if schema else 'refuses'} it, "
+             f"loopguard {'starts' if binary else 'refuses'}: {p.stderr}")
+
+
 def by_kind(manifests, kind):
     found = [m for m in manifests if m["kind"] == kind]
     if not found:
@@ -302,15 +318,8 @@ def main():
                   # a span's field is not empty, and a span ends the target
                   "*=debug", "\"loopguard\"=debug", "-x=debug", "\u00fc=debug", "a b=debug",
                   "[{}]", "[{}]=debug", "[x]y=debug", "a[{b}c]=debug", "a]b[x]"]:
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-            yaml.safe_dump({"config": {"log": {"level": level}}}, f)
-        p = helm("template", "lg", CHART, "-f", f.name, expect_ok=False)
-        os.unlink(f.name)
-        schema = p.returncode == 0
-        binary = loopguard_check(f'[log]\nlevel = {json.dumps(level)}\n').returncode == 0
-        if schema != binary:
-            fail(f"log.level {level!r}: the schema {'accepts' if schema else 'refuses'} it, "
-                 f"loopguard {'starts' if binary else 'refuses'}: {p.stderr}")
+        schema_agrees({"config": {"log": {"level": level}}}, f'[log]\nlevel = {json.dumps(level)}\n',
+                      f"log.level {level!r}")
     ok("the schema and loopguard --check agree on each log.level filter tried")
 
     # 4c. NATS credentials: loopguard refuses a control character in one (a
@@ -320,15 +329,7 @@ def main():
                        ({"natsToken": "tok\u0085"}, 'token = "tok\\u0085"'),
                        ({"natsToken": "tok\u00a0"}, 'token = "tok\\u00a0"'),
                        ({"natsUser": "lg", "natsPassword": "p\u00e4ss w\u00f6rd"}, 'user = "lg"\npassword = "p\u00e4ss w\u00f6rd"')]:
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-            yaml.safe_dump({"auth": auth}, f)
-        p = helm("template", "lg", CHART, "-f", f.name, expect_ok=False)
-        os.unlink(f.name)
-        schema = p.returncode == 0
-        binary = loopguard_check(f"[nats]\n{toml}\n").returncode == 0
-        if schema != binary:
-            fail(f"NATS credentials {auth!r}: the schema {'accepts' if schema else 'refuses'} them, "
-                 f"loopguard {'starts' if binary else 'refuses'}: {p.stderr}")
+        schema_agrees({"auth": auth}, f"[nats]\n{toml}\n", f"NATS credentials {auth!r}")
     ok("the schema and loopguard --check agree on NATS credentials with and without control characters")
 
     # 5. PrometheusRule == config/prometheus/alerts.yml, and promtool agrees

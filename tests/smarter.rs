@@ -644,6 +644,25 @@ async fn a_service_that_stops_answering_is_not_asked_for_a_while() {
     );
 }
 
+/// World `flood` waiting for a gated policy service (`open` answers it)
+/// about alice's "a slow answer", with 63 agent messages behind it,
+/// "answer 0" to "answer 62": one short of its share of 64 held back.
+async fn flood_waiting_behind_its_share() -> (Harness, tokio::sync::oneshot::Sender<()>) {
+    let h = Harness::start(&format!(
+        "{BASE}[rules.policy]\nsubject = \"policy.gate\"\ntimeout_ms = 10000\n"
+    ))
+    .await;
+    let open = gated_policy_service(h.client.clone(), "policy.gate").await;
+    h.send_json("flood", "agent", "alice", msg("a slow answer"))
+        .await;
+    let agents = ["bob", "carol"];
+    for i in 0..63 {
+        h.send_json("flood", "agent", agents[i % 2], msg(&format!("answer {i}")))
+            .await;
+    }
+    (h, open)
+}
+
 /// One world cannot take a worker's whole room for held-back messages:
 /// past 64 behind its policy request, its agents' messages are rejected
 /// with a reason (rule `policy`), a pass too (held back without bound,
@@ -652,19 +671,7 @@ async fn a_service_that_stops_answering_is_not_asked_for_a_while() {
 /// once the answer comes.
 #[tokio::test]
 async fn past_its_share_a_waiting_world_s_agent_messages_are_rejected_not_held() {
-    let mut h = Harness::start(&format!(
-        "{BASE}[rules.policy]\nsubject = \"policy.gate\"\ntimeout_ms = 10000\n"
-    ))
-    .await;
-    let open = gated_policy_service(h.client.clone(), "policy.gate").await;
-
-    h.send_json("flood", "agent", "alice", msg("a slow answer"))
-        .await;
-    let agents = ["bob", "carol"];
-    for i in 0..63 {
-        h.send_json("flood", "agent", agents[i % 2], msg(&format!("answer {i}")))
-            .await;
-    }
+    let (mut h, open) = flood_waiting_behind_its_share().await;
     h.send_json("flood", "human", "hank", msg("a human meanwhile"))
         .await;
     // The share is full (64 held back): agents' messages are rejected now.
@@ -746,18 +753,7 @@ async fn past_its_share_a_waiting_world_s_agent_messages_are_rejected_not_held()
 /// the answer came (found by review).
 #[tokio::test]
 async fn past_its_share_a_waiting_world_s_joins_and_invalid_subjects_do_not_stall_the_intake() {
-    let mut h = Harness::start(&format!(
-        "{BASE}[rules.policy]\nsubject = \"policy.gate\"\ntimeout_ms = 10000\n"
-    ))
-    .await;
-    let open = gated_policy_service(h.client.clone(), "policy.gate").await;
-    h.send_json("flood", "agent", "alice", msg("a slow answer"))
-        .await;
-    let agents = ["bob", "carol"];
-    for i in 0..63 {
-        h.send_json("flood", "agent", agents[i % 2], msg(&format!("answer {i}")))
-            .await;
-    }
+    let (mut h, open) = flood_waiting_behind_its_share().await;
     // All 64 held back before the flood (core mode reads joins beside raw
     // messages, not after them): a barrier through another world.
     h.settle("before").await;

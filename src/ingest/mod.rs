@@ -454,22 +454,15 @@ impl Worker {
     /// [`MAX_HELD_PER_WORLD`] messages: decided now, ahead of them (see
     /// [`Judge::decide_beside_waiting`]), its rejection published as a
     /// shed one is.
-    async fn decide_beside_waiting(
-        &mut self,
-        Work {
-            origin,
-            message,
-            delivery,
-        }: Work,
-    ) {
-        let stable = delivery.as_ref().map(|d| d.stable_id.as_str());
-        let fallback = fallback_id(&message, stable);
-        let decided = self
-            .judge
-            .decide_beside_waiting(origin, &message.payload, fallback);
+    async fn decide_beside_waiting(&mut self, work: Work) {
+        let stable = work.delivery.as_ref().map(|d| d.stable_id.as_str());
+        let fallback = fallback_id(&work.message, stable);
+        let decided =
+            self.judge
+                .decide_beside_waiting(work.origin, &work.message.payload, fallback);
         self.judge.upkeep_between();
         let outbound = decided.map(|d| d.outbound).unwrap_or_default();
-        self.conclude(outbound, delivery).await
+        self.conclude(outbound, work.delivery).await
     }
 
     /// Publishes a final decision's outputs; a JetStream message's are
