@@ -199,7 +199,7 @@ and out) and async-nats's write buffer (1.2%). Context switches, read from
 The two pair runs of that hour, at ccfe442, gave side-by-side medians
 (c1)/(b) 4.52 (under perf) and 4.01, (b2)/(b) 1.51 and 1.51, (c1)/(b2)
 2.96 and 2.71: (c1)/(b2) inside the spread above (2.64-3.13), (c1)/(b)
-at its low end (4.08-4.77).
+4.52 inside it (4.08-4.77) and 4.01 just below it, the lowest yet.
 
 With 100,000 worlds (9-11 KiB each on 2026-11-23, 0.9-1.1 GB by the
 last steps; less since the two queues),

@@ -317,7 +317,9 @@ def main():
                   # a directive starts with a letter, digit, '_', ':', '-' or a span;
                   # a span's field is not empty, and a span ends the target
                   "*=debug", "\"loopguard\"=debug", "-x=debug", "\u00fc=debug", "a b=debug",
-                  "[{}]", "[{}]=debug", "[x]y=debug", "a[{b}c]=debug", "a]b[x]"]:
+                  "[{}]", "[{}]=debug", "[x]y=debug", "a[{b}c]=debug", "a]b[x]",
+                  # a field's value is a regex to tracing: one that does not compile is refused
+                  "[{req=(}]", "[{a=*}]=debug", "[{req=abc.d}]=debug", "x[{user=b-1}]"]:
         schema_agrees({"config": {"log": {"level": level}}}, f'[log]\nlevel = {json.dumps(level)}\n',
                       f"log.level {level!r}")
     ok("the schema and loopguard --check agree on each log.level filter tried")

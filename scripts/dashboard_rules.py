@@ -4,9 +4,11 @@
 and unit-test some (config/grafana/dashboard_test.yml).
 
 Each query becomes the rule `dashboard:<panel id>:<refId>`, with Grafana's
-variables as "All" selects them (`$job`, `$namespace`, `$instance` match
-anything, `$__rate_interval` is 1m). JSON is YAML, so no YAML library is
-needed.
+variables as "All" selects them: `$job` the jobs that report
+`loopguard_messages_total` (here `loopguard`; not every job, or `up` and
+`process_*` would take in every target Prometheus scrapes), `$namespace`
+and `$instance` anything, `$__rate_interval` 1m. JSON is YAML, so no YAML
+library is needed.
 
     scripts/dashboard_rules.py config/grafana/loopguard.json > rules.yml
 """
@@ -29,7 +31,8 @@ def main(path):
     for panel in panels(dashboard["panels"]):
         for target in panel.get("targets", []):
             expr = target["expr"].replace("$__rate_interval", "1m")
-            expr = re.sub(r'"\$(job|namespace|instance)"', '".*"', expr)
+            expr = expr.replace('"$job"', '"loopguard"')
+            expr = re.sub(r'"\$(namespace|instance)"', '".*"', expr)
             if "$" in expr:
                 sys.exit(f"panel {panel['title']!r}: a variable this script does not know: {expr}")
             rules.append({"record": f"dashboard:{panel['id']}:{target['refId']}", "expr": expr})

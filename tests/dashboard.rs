@@ -139,6 +139,24 @@ fn dashboard_panels_query_only_exported_metrics_and_cover_the_essentials() {
     }
 }
 
+/// "All" jobs are the jobs that report loopguard's metrics, not every job:
+/// an `allValue` of `.*` would let `up` and `process_*` take in every target
+/// Prometheus scrapes (the stats would read down for any other job's).
+/// scripts/dashboard_rules.py tests the queries so.
+#[test]
+fn all_jobs_are_loopguard_s_jobs() {
+    let dash: serde_json::Value =
+        serde_json::from_str(&read("config/grafana/loopguard.json")).unwrap();
+    let vars = dash["templating"]["list"].as_array().unwrap();
+    let job = vars.iter().find(|v| v["name"] == "job").unwrap();
+    assert!(job["allValue"].is_null(), "{job}");
+    assert!(
+        job["query"].as_str().unwrap().contains("loopguard_"),
+        "{job}"
+    );
+    assert_eq!(job["refresh"], 2, "its values loaded with the dashboard");
+}
+
 #[test]
 fn selectors_are_found_with_their_braces() {
     let expr = r#"sum(rate(loopguard_a_total{x="1"}[5m])) / up or process_b{}"#;

@@ -30,6 +30,9 @@ import nats
 # connection comes back.
 JOIN_EVERY_SECONDS = 600
 
+# How long the first connection may take before the agent gives up.
+CONNECT_SECONDS = 30
+
 # A world or agent name as loopguard reads it (contract §1): it lowercases
 # the token, which must then be 1-64 of a-z, 0-9, _ and -. Inboxes are
 # named in that form, and NATS subjects are case-sensitive, so an agent
@@ -136,8 +139,13 @@ async def main():
             await agent.rejoin()
 
     # Reconnects for ever (nats-py gives up after 60 tries by default, and
-    # the agent would go on deaf).
-    nc = await nats.connect(args.url, reconnected_cb=rejoin, max_reconnect_attempts=-1)
+    # the agent would go on deaf); that would retry the first connection
+    # for ever too, so a wrong --url fails after CONNECT_SECONDS.
+    try:
+        nc = await asyncio.wait_for(
+            nats.connect(args.url, reconnected_cb=rejoin, max_reconnect_attempts=-1), CONNECT_SECONDS)
+    except asyncio.TimeoutError:
+        raise SystemExit(f"cannot connect to {args.url} within {CONNECT_SECONDS} s")
     agent = Agent(nc, args.world, args.name, args.peer, args.prefix)
     await agent.start()
     print(f"{agent.name}: listening on {agent.inbox}, publishing to {agent.raw}")

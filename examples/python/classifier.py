@@ -45,8 +45,12 @@ async def main():
     parser.add_argument("--subject", default="loopguard.policy")
     args = parser.parse_args()
     # Reconnects for ever (nats-py gives up after 60 tries by default: a
-    # deaf policy service times out every question).
-    nc = await nats.connect(args.url, max_reconnect_attempts=-1)
+    # deaf policy service times out every question); that would retry the
+    # first connection for ever too, so a wrong --url fails after 30 s.
+    try:
+        nc = await asyncio.wait_for(nats.connect(args.url, max_reconnect_attempts=-1), 30)
+    except asyncio.TimeoutError:
+        raise SystemExit(f"cannot connect to {args.url} within 30 s")
 
     async def answer(msg):
         try:
