@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper::header::{
     HeaderValue, ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE,
 };
@@ -452,8 +451,9 @@ fn json_error(status: StatusCode, message: String) -> Reply {
 
 /// Routes one request. Synchronous: no route waits on anything, and
 /// [`serve`] runs it on the blocking pool, beside the runtime (the probes,
-/// which read atomics only, on the runtime).
-pub fn handle(admin: &Admin, req: Request<Incoming>) -> Reply {
+/// which read atomics only, on the runtime). No route reads the body (any
+/// body type will do: the tests build requests without a connection).
+pub fn handle<B>(admin: &Admin, req: Request<B>) -> Reply {
     let announced = req
         .headers()
         .get(CONTENT_LENGTH)
@@ -665,7 +665,7 @@ fn keep_newest_within(bodies: &mut Vec<bytes::Bytes>, max: usize) {
 
 /// The admin bearer-token check: `None` when authorised, else the answer
 /// (403 with no token configured, 401 when missing or wrong).
-fn unauthorised(admin: &Admin, req: &Request<Incoming>) -> Option<Reply> {
+fn unauthorised<B>(admin: &Admin, req: &Request<B>) -> Option<Reply> {
     if admin.admin_token.is_empty() {
         return Some(json_error(
             StatusCode::FORBIDDEN,
@@ -691,7 +691,7 @@ fn unauthorised(admin: &Admin, req: &Request<Incoming>) -> Option<Reply> {
     Some(r)
 }
 
-fn reset(admin: &Admin, req: &Request<Incoming>, raw: &str) -> Reply {
+fn reset<B>(admin: &Admin, req: &Request<B>, raw: &str) -> Reply {
     if let Some(denied) = unauthorised(admin, req) {
         return denied;
     }
@@ -720,6 +720,94 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An admin API over a judge that holds world `w` (agent `a` spoke in
+    /// it), with token `tok` and contexts kept.
+    fn admin() -> Admin {
+        let settings = Arc::new(crate::config::Config::default().validate().unwrap());
+        let clock: Arc<dyn Clock> = Arc::new(crate::clock::SystemClock);
+        let metrics = Metrics::new();
+        let judge = Arc::new(Judge::new(settings, clock.clone(), metrics.clone()));
+        let origin = crate::subject::Origin::Raw {
+            world: Name::parse("w").unwrap(),
+            kind: crate::subject::SenderKind::Agent,
+            sender: Name::parse("a").unwrap(),
+        };
+        judge.decide(origin, br#"{"content":"hi"}"#, Default::default());
+        Admin {
+            metrics,
+            judge,
+            readiness: Arc::new(Readiness::default()),
+            clock,
+            admin_token: "tok".into(),
+            context_messages: 20,
+            by_state: Default::default(),
+        }
+    }
+
+    proptest::proptest! {
+        // Each route, method and header meets the others often enough.
+        #![proptest_config(proptest::test_runner::Config::with_cases(4096))]
+
+        /// Whatever method, path, query and headers a client sends, the
+        /// answer is one of the routes' statuses, never a panic, and a JSON
+        /// answer is JSON.
+        #[test]
+        fn any_request_gets_an_answer_of_the_api(
+            method in proptest::sample::select(vec!["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "X-Y"]),
+            route in proptest::sample::select(vec![
+                "", "v1", "v1/worlds", "v1/worlds/{w}", "v1/worlds/{w}/reset",
+                "v1/worlds/{w}/agents/{a}/context", "v1/worlds/{w}/agents/{a}",
+                "metrics", "healthz", "readyz", "readyz/", "metrics/x",
+            ]),
+            names in proptest::collection::vec(proptest::sample::select(vec![
+                "w", "W", "a", "", "..", "%00", "%2F", "b%C3%B8d", "a.b", "*", "%3E", "%FF%FE",
+                "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+            ]), 2),
+            query in proptest::sample::select(vec![
+                "", "?limit=5", "?limit=0", "?limit=-1", "?limit=99999999999999999999",
+                "?limit=%FF", "?limit", "?a=b&limit=2&limit=3", "?%",
+            ]),
+            auth in proptest::sample::select(vec![
+                &b""[..], b"Bearer tok", b"bearer    tok", b"Bearer", b"Bearer tok2", b"Basic tok",
+                b"Bearer \xfftok", b"BEARER tok", b"Bear",
+            ]),
+            length in proptest::sample::select(vec!["", "0", "4096", "4097", "-1", "99999999999999999999999", "x"]),
+        ) {
+            static ADMIN: OnceLock<Admin> = OnceLock::new();
+            let admin = ADMIN.get_or_init(admin);
+            let path = route.replace("{w}", names[0]).replace("{a}", names[1]);
+            let uri = format!("/{path}{query}");
+            let mut builder = Request::builder().method(method).uri(&uri);
+            if !auth.is_empty() {
+                builder = builder.header(AUTHORIZATION, HeaderValue::from_bytes(auth).unwrap());
+            }
+            if !length.is_empty() {
+                builder = builder.header(CONTENT_LENGTH, length);
+            }
+            let Ok(req) = builder.body(()) else {
+                return Ok(()); // not a request hyper would hand over
+            };
+            let r = handle(admin, req);
+            let status = r.status().as_u16();
+            proptest::prop_assert!(
+                [200, 204, 400, 401, 403, 404, 405, 413, 503].contains(&status),
+                "{method} {uri}: {status}"
+            );
+            let json = r
+                .headers()
+                .get(CONTENT_TYPE)
+                .is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
+            if json {
+                // A `Full` body: ready at once.
+                let collected = futures::FutureExt::now_or_never(
+                    http_body_util::BodyExt::collect(r.into_body()),
+                );
+                let body = collected.unwrap().unwrap().to_bytes();
+                proptest::prop_assert!(serde_json::from_slice::<serde_json::Value>(&body).is_ok());
+            }
+        }
+    }
 
     #[test]
     fn token_comparison_is_exact() {
