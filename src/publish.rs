@@ -491,26 +491,70 @@ mod tests {
     proptest::proptest! {
         /// As the fuzz target (fuzz/fuzz_targets/policy_answer.rs): an
         /// approval only from an object whose decision is "approve", a
-        /// reason never past its bound, on text built from JSON's pieces.
+        /// rejection only from one whose decision is "reject", with its
+        /// reason, cut to the bound, or the default. Answers built as a
+        /// service might send them: a decision of any JSON kind, a reason
+        /// of any length (or another kind, or none), other fields, spaces,
+        /// and now and then the object in an array, its values alone in
+        /// one, or cut short.
         #[test]
         fn any_answer_is_read_within_its_bounds(
-            parts in proptest::collection::vec(proptest::sample::select(vec![
-                "{", "}", "[", "]", ",", ":", " ", "\"decision\"", "\"reason\"",
-                "\"approve\"", "\"reject\"", "\"x\"", "null", "1", "\"é\u{1F600}\"",
-            ]), 0..12)
+            decision in proptest::sample::select(vec![
+                r#""approve""#, r#""reject""#, r#""Approve""#, r#""maybe""#, "1", "null", "true",
+                r#"["approve"]"#, r#"{"x":1}"#,
+            ]),
+            reason in proptest::option::of(proptest::prop_oneof![
+                proptest::strategy::Strategy::prop_map("[a-zé ]{0,700}", |r| {
+                    serde_json::to_string(&r).unwrap()
+                }),
+                proptest::sample::select(vec!["null".to_string(), "5".to_string(), "[]".to_string()]),
+            ]),
+            extra in proptest::option::of(r#""[a-z]{1,8}":[0-9]{1,3}"#),
+            reason_first in proptest::bool::ANY,
+            space in proptest::sample::select(vec!["", " ", "\n\t "]),
+            wrap in proptest::sample::select(vec!["object", "array", "fields", "cut"]),
         ) {
-            let text = parts.concat();
-            match read_answer(text.as_bytes()) {
+            let mut members = vec![format!(r#""decision":{space}{decision}"#)];
+            if let Some(r) = &reason {
+                members.insert(usize::from(!reason_first), format!(r#""reason":{r}"#));
+            }
+            members.extend(extra.clone());
+            let object = format!("{space}{{{space}{}{space}}}", members.join(","));
+            // Cut as bytes: maybe inside a character, as a network can.
+            let bytes = match wrap {
+                "array" => format!("[{object}]").into_bytes(),
+                // The values alone, in order: serde reads that as the struct.
+                "fields" => {
+                    let r = reason.as_ref().map(|r| format!(",{r}")).unwrap_or_default();
+                    format!("[{decision}{r}]").into_bytes()
+                }
+                "cut" => object.as_bytes()[..object.len() / 2].to_vec(),
+                _ => object.into_bytes(),
+            };
+            let text = String::from_utf8_lossy(&bytes);
+            let value = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
+            let read = |key: &str| value.as_ref().filter(|v| v.is_object()).map(|v| v[key].clone());
+            let said = read("decision");
+            match read_answer(&bytes) {
                 PolicyOutcome::Approve => {
-                    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-                    proptest::prop_assert!(v.is_object() && v["decision"] == "approve", "{}", text);
+                    proptest::prop_assert_eq!(said, Some(serde_json::json!("approve")), "{}", text);
                 }
-                PolicyOutcome::Reject(reason) => {
-                    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-                    proptest::prop_assert!(v.is_object() && v["decision"] == "reject", "{}", text);
-                    proptest::prop_assert!(reason.chars().count() <= MAX_POLICY_REASON_CHARS);
+                PolicyOutcome::Reject(why) => {
+                    proptest::prop_assert_eq!(said, Some(serde_json::json!("reject")), "{}", text);
+                    let expected = match read("reason") {
+                        Some(serde_json::Value::String(r)) => r.chars().take(MAX_POLICY_REASON_CHARS).collect(),
+                        _ => "rejected by the policy service".to_string(),
+                    };
+                    proptest::prop_assert_eq!(why, expected, "{}", text);
                 }
-                PolicyOutcome::Failed { .. } => {}
+                PolicyOutcome::Failed { .. } => {
+                    // Not a readable answer: not an object, a decision
+                    // that is neither, or a reason that is not a string.
+                    let readable = matches!(read("reason"), Some(serde_json::Value::String(_) | serde_json::Value::Null) | None)
+                        && value.as_ref().is_some_and(|v| v.is_object())
+                        && matches!(said.as_ref().and_then(|d| d.as_str()), Some("approve" | "reject"));
+                    proptest::prop_assert!(!readable, "{}", text);
+                }
             }
         }
     }

@@ -1474,16 +1474,18 @@ async fn an_existing_stream_that_misses_the_subjects_stops_start_up_with_a_clear
     )
     .await;
     let mut lg = Loopguard::spawn(&nats.url(), JS_CONFIG);
-    within("loopguard to exit", async {
+    let status = within("loopguard to exit", async {
         loop {
-            if !lg.is_running() {
-                return;
+            if let Some(status) = lg.exit_status() {
+                return status;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })
     .await;
     let logs = lg.logs();
+    // Exit 1, as docs/operations.md says (2 is a configuration error).
+    assert_eq!(status.code(), Some(1), "{logs}");
     assert!(
         logs.contains("LOOPGUARD_INGEST") && logs.contains("chat.join.>"),
         "{logs}"
