@@ -30,13 +30,14 @@ def main(path):
     found = {"job": "loopguard"}
     every = {v["name"]: v.get("allValue", found.get(v["name"]))
              for v in dashboard["templating"]["list"] if v.get("type") == "query"}
+    for name, value in every.items():
+        if value is None:
+            sys.exit(f"variable ${name}: no allValue, and this script does not know its values")
     rules = []
     for panel in panels(dashboard["panels"]):
         for target in panel.get("targets", []):
             expr = target["expr"].replace("$__rate_interval", "1m")
             for name, value in every.items():
-                if value is None:
-                    sys.exit(f"variable ${name}: no allValue, and this script does not know its values")
                 expr = expr.replace(f'"${name}"', json.dumps(value))
             if "$" in expr:
                 sys.exit(f"panel {panel['title']!r}: a variable this script does not know: {expr}")

@@ -33,10 +33,7 @@ fn exported() -> BTreeSet<String> {
 
 /// Every `loopguard_*`, `process_*` or `up` identifier in a PromQL expression.
 fn metric_names(expr: &str) -> BTreeSet<String> {
-    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .filter(|w| w.starts_with("loopguard_") || w.starts_with("process_") || *w == "up")
-        .map(str::to_string)
-        .collect()
+    selectors(expr).into_iter().map(|(name, _)| name).collect()
 }
 
 fn read(path: &str) -> String {
