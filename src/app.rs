@@ -897,8 +897,16 @@ async fn connect(
                 }
             }
         });
-    // Validated at start-up, so these cannot fail here.
-    let servers = config.nats.servers().unwrap_or_default();
+    // Validated at start-up, so these cannot fail here. Credentials in
+    // the URL go as user/password or token (below), not in the address,
+    // which the client's debug lines print whole.
+    let servers: Vec<_> = config
+        .nats
+        .servers()
+        .unwrap_or_default()
+        .into_iter()
+        .map(without_credentials)
+        .collect();
     let auth = config.nats.auth().unwrap_or(NatsAuth::None);
     let options = match auth {
         // Credentials in the URL, which async-nats ignores, come here as
@@ -929,9 +937,44 @@ async fn connect(
     Ok(options.connect(servers).await?)
 }
 
+/// `server` with no user, password or token in it: async-nats ignores
+/// them there (loopguard presents them as
+/// [`crate::config::NatsConfig::auth`] reads them),
+/// and its `Debug` shows them.
+fn without_credentials(server: async_nats::ServerAddr) -> async_nats::ServerAddr {
+    let mut url = server.clone().into_inner();
+    // Both fail only for an address that cannot hold credentials.
+    if url.set_password(None).is_err() || url.set_username("").is_err() {
+        return server;
+    }
+    async_nats::ServerAddr::from_url(url).unwrap_or(server)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_address_goes_to_the_client_without_its_credentials() {
+        for (written, secret) in [
+            ("nats://lg:pw-Zq81@127.0.0.1:4333", "pw-Zq81"),
+            ("tls://tok-Pq55@nats.example:4443", "tok-Pq55"),
+            ("wss://a%40b:c%3Ad@nats.example", "c%3Ad"),
+        ] {
+            let server: async_nats::ServerAddr = written.parse().unwrap();
+            let bare = without_credentials(server.clone());
+            let shown = format!("{bare:?}");
+            assert!(!shown.contains(secret), "{shown}");
+            assert_eq!((bare.username(), bare.password()), (None, None));
+            assert_eq!(
+                (bare.host(), bare.port(), bare.tls_required()),
+                (server.host(), server.port(), server.tls_required())
+            );
+            assert_eq!(bare.into_inner().scheme(), server.into_inner().scheme());
+        }
+        let plain: async_nats::ServerAddr = "nats://127.0.0.1:4222".parse().unwrap();
+        assert_eq!(without_credentials(plain.clone()), plain);
+    }
 
     #[test]
     fn a_round_trip_confirms_a_connection_only_when_certain() {

@@ -738,6 +738,9 @@ async fn a_rust_log_that_is_refused_is_named_and_log_level_applies() {
 
 #[tokio::test]
 async fn authenticates_to_nats_with_user_password_token_or_url_credentials_and_never_logs_them() {
+    // Every library's lines too, as far as they go: the NATS client's
+    // debug lines print each server address it tries.
+    let all_logs = ("RUST_LOG", "trace");
     let secret = "pw-Zq81";
     let protected = NatsServer::start_with(&["--user", "lg", "--pass", secret]);
     let with_keys = Loopguard::spawn_env(
@@ -746,11 +749,12 @@ async fn authenticates_to_nats_with_user_password_token_or_url_credentials_and_n
         &[
             ("LOOPGUARD__NATS__USER", "lg"),
             ("LOOPGUARD__NATS__PASSWORD", secret),
+            all_logs,
         ],
     );
     with_keys.until_ready().await;
     let in_url = format!("nats://lg:{secret}@127.0.0.1:{}", protected.port);
-    let with_url = Loopguard::spawn(&in_url, "");
+    let with_url = Loopguard::spawn_env(&in_url, "", &[all_logs]);
     with_url.until_ready().await;
     let wrong = Loopguard::spawn_env(
         &protected.url(),
@@ -758,6 +762,7 @@ async fn authenticates_to_nats_with_user_password_token_or_url_credentials_and_n
         &[
             ("LOOPGUARD__NATS__USER", "lg"),
             ("LOOPGUARD__NATS__PASSWORD", "nope"),
+            all_logs,
         ],
     );
 
@@ -766,9 +771,12 @@ async fn authenticates_to_nats_with_user_password_token_or_url_credentials_and_n
     let with_token = Loopguard::spawn_env(
         &token_server.url(),
         "",
-        &[("LOOPGUARD__NATS__TOKEN", token)],
+        &[("LOOPGUARD__NATS__TOKEN", token), all_logs],
     );
     with_token.until_ready().await;
+    let token_in_url = format!("nats://{token}@127.0.0.1:{}", token_server.port);
+    let with_token_url = Loopguard::spawn_env(&token_in_url, "", &[all_logs]);
+    with_token_url.until_ready().await;
 
     // the wrong password never becomes ready, and says why
     let addr = wrong.http_addr().await;
@@ -780,8 +788,9 @@ async fn authenticates_to_nats_with_user_password_token_or_url_credentials_and_n
     .await;
     assert_eq!(support::http(&addr, "GET", "/readyz", &[]).await.0, 503);
 
-    for lg in [&with_keys, &with_url, &wrong, &with_token] {
+    for lg in [&with_keys, &with_url, &wrong, &with_token, &with_token_url] {
         let logs = lg.logs();
+        assert!(logs.contains("attempting connection"), "{logs}");
         for s in [secret, token, "nope"] {
             assert!(!logs.contains(s), "a secret reached the log:\n{logs}");
         }
