@@ -151,6 +151,8 @@ pub async fn run(
     // One stop signal, observable by every stage: set-up retries, intake
     // and the grace timer.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // A worker's failure stops the intake too (see the drain).
+    let stop_now = stop_tx.clone();
     {
         let readiness = readiness.clone();
         tokio::spawn(async move {
@@ -288,11 +290,14 @@ pub async fn run(
     // the exit.
     let failure = std::sync::OnceLock::<String>::new();
 
+    // What the workers have not taken yet (see `Dispatcher::queued`).
+    let queued = dispatcher.queued();
     let drain = async {
         let intake = async {
             match intake {
                 Intake::Core(raw, join) => {
-                    ingest::core::run(raw, join, &dispatcher, stopped()).await;
+                    let reached = || admin::connects(&client) > 0;
+                    ingest::core::run(raw, join, &dispatcher, stopped(), reached).await;
                     Ok(None)
                 }
                 Intake::JetStream(messages) => {
@@ -329,15 +334,37 @@ pub async fn run(
         };
         // Workers end only once intake has: one that ends before (a
         // panic) ends loopguard, rather than leave its worlds undecided.
-        // Intake first: when both end at once, what it pulled is kept for
-        // its hand-back, and the worker's end is seen below.
-        let (mut intake, pulled) = match tokio::select! {
-            biased;
-            intake = intake => intake,
-            Some(ended) = workers.next() => Err(worker_failed(ended, "")),
-        } {
-            Ok(pulled) => (Ok(()), pulled),
-            Err(e) => (Err(e), None),
+        // The intake then stops as at a signal, and drains: what NATS
+        // already sent is still decided, but for the failed worker's
+        // worlds (counted below). Workers first: the intake, busy, would
+        // spend the task's budget and hide a worker's end until it was
+        // idle (while it dropped what came for that worker's worlds).
+        let mut worker_down = false;
+        let (mut intake, pulled) = {
+            let intake = intake; // ends here, and its borrow of the dispatcher
+            tokio::pin!(intake);
+            tokio::select! {
+                biased;
+                Some(ended) = workers.next() => {
+                    worker_down = true;
+                    let e = worker_failed(ended, "");
+                    let _ = failure.set(e.to_string());
+                    readiness.draining();
+                    let _ = stop_now.send(true);
+                    let pulled = match intake.await {
+                        Ok(pulled) => pulled,
+                        Err(also) => {
+                            tracing::warn!(error = %also, "the intake failed too");
+                            None
+                        }
+                    };
+                    (Err(e), pulled)
+                }
+                intake = &mut intake => match intake {
+                    Ok(pulled) => (Ok(()), pulled),
+                    Err(e) => (Err(e), None),
+                },
+            }
         };
         if let Err(e) = &intake {
             let _ = failure.set(e.to_string());
@@ -354,6 +381,15 @@ pub async fn run(
                 intake = Err(e);
             }
         }
+        if worker_down {
+            // Those sent to the failed worker and not taken: still in its
+            // queue when it failed, or sent after. Besides them, the one it
+            // failed on and those it held behind a policy answer.
+            tracing::error!(
+                undecided = queued.load(Ordering::Relaxed),
+                "shutdown: messages for the failed worker's worlds left undecided (core: lost; JetStream: redelivered after ack_wait), besides the one it failed on and any it held back behind a policy answer"
+            );
+        }
         // JetStream: what the intake pulled and no worker took goes back
         // only now, after what the workers handed back undecided (when the
         // grace period ran out), which came before it: the server delivers
@@ -363,9 +399,13 @@ pub async fn run(
         if let Some(pulled) = pulled {
             pulled.hand_back().await;
         }
-        tracing::info!("shutdown: flushing");
-        if let Err(e) = publisher.flush().await {
-            tracing::warn!(error = %e, "shutdown: flush failed");
+        // Nothing to flush from a client that never connected, whose flush
+        // would wait for a connection.
+        if admin::connects(&client) > 0 {
+            tracing::info!("shutdown: flushing");
+            if let Err(e) = publisher.flush().await {
+                tracing::warn!(error = %e, "shutdown: flush failed");
+            }
         }
         intake
     };
@@ -395,12 +435,16 @@ pub async fn run(
             let finished = tokio::time::timeout(HAND_BACK_BOUND, &mut drain).await.is_ok();
             let left = grace_over.left();
             let count = |n: &std::sync::atomic::AtomicUsize| n.load(Ordering::Relaxed);
+            // Not finished: what the workers had not taken from their
+            // queues yet is lost too (core), or redelivered after ack_wait.
+            let still_queued = if finished { 0 } else { count(&queued) };
             tracing::warn!(
                 handed_back = count(&left.handed_back),
                 not_handed_back = count(&left.not_handed_back),
                 dropped = count(&left.dropped),
+                still_queued,
                 finished,
-                "shutdown: messages left undecided when the grace period ran out (JetStream: handed back, so redelivered a second later, else after ack_wait, as are all if not finished; core: dropped)"
+                "shutdown: messages left undecided when the grace period ran out (JetStream: handed back, so redelivered a second later, else after ack_wait, as are all if not finished; core: dropped, and those still queued at the workers if not finished)"
             );
             failure.get().map_or(Ok(()), |why| Err(AppError::Unfinished(why.clone())))
         }

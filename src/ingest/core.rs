@@ -9,11 +9,14 @@ use super::Dispatcher;
 
 /// Reads both subscriptions until `stop` resolves, then drains them: the
 /// server stops sending, and whatever it already sent is still dispatched.
+/// Unless NATS was never `reached`: then nothing was sent, and a drain
+/// would wait for a connection, so for the whole grace period.
 pub async fn run(
     raw: Subscriber,
     join: Subscriber,
     dispatcher: &Dispatcher,
     stop: impl std::future::Future<Output = ()>,
+    reached: impl Fn() -> bool,
 ) {
     tokio::pin!(stop);
     // Read in turn: a backlog of raw messages does not hold joins back (and
@@ -28,6 +31,10 @@ pub async fn run(
                 None => return,
             },
         }
+    }
+    if !reached() {
+        tracing::info!("shutdown: intake stopped; NATS was never reached, nothing to drain");
+        return;
     }
     tracing::info!("shutdown: intake stopped, draining subscriptions");
     let (raw, join) = both.get_mut();

@@ -158,7 +158,9 @@ pub struct Dispatcher {
     /// message, and a client choosing world names to crowd one worker gains
     /// no more than any client sending many messages (the seed is random).
     hasher: foldhash::fast::RandomState,
-    /// Messages queued at all workers together.
+    /// Messages queued at all workers together, and those sent to a worker
+    /// that was gone (a panic): once every worker has ended, what no worker
+    /// took.
     queued: Arc<AtomicUsize>,
 }
 
@@ -203,7 +205,14 @@ impl Dispatcher {
         (dispatcher, handles)
     }
 
-    /// Queues one message on its world's worker.
+    /// Messages queued at all workers, and those no worker took because
+    /// theirs was gone (see `app`'s report of a worker that failed).
+    pub fn queued(&self) -> Arc<AtomicUsize> {
+        self.queued.clone()
+    }
+
+    /// Queues one message on its world's worker. One whose worker is gone
+    /// (it panicked) is dropped, and stays counted in [`Dispatcher::queued`].
     pub async fn dispatch(&self, message: Message, delivery: Option<Delivery>) {
         let origin = self.subjects.parse(message.subject.as_str());
         let slot = origin.world().map_or(0, |w| {
@@ -216,8 +225,7 @@ impl Dispatcher {
         };
         self.queued.fetch_add(1, Ordering::Relaxed);
         if self.workers[slot].send(work).await.is_err() {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
-            tracing::error!("worker is gone; message dropped");
+            tracing::debug!("worker is gone; message dropped");
         }
     }
 }
