@@ -1691,7 +1691,9 @@ fn env_overrides(
                     })
                 }
             },
-            Some(Leaf::Value | Leaf::Integer) => kept.push((var, value)),
+            Some(Leaf::Value | Leaf::Integer | Leaf::Number | Leaf::Switch) => {
+                kept.push((var, value))
+            }
         }
     }
     Ok((kept, lists))
@@ -1744,8 +1746,12 @@ fn word<T: serde::de::DeserializeOwned>(value: &str) -> Result<(), String> {
 /// Checks what the config crate would read loosely. It takes `true`,
 /// `5.7`, `-3.0` and `"no"` where a whole number is wanted, as 1, 6, an
 /// error and 0, and a rule's limit of 0 turns the rule off: an integer key
-/// must hold a whole number (from a variable, its digits). And a key of a
-/// few words gets an error that names them, not the type's.
+/// must hold a whole number (from a variable, its digits). It takes `1`,
+/// `"yes"` and `"off"` for a switch, and `true` or `"0.6"` for a number
+/// (`true` as 1.0, turning `similar` on): a switch must be `true` or
+/// `false`, a number a number (from a variable, `true`, `false` or a
+/// number as written), as in `[worlds.*]`, which serde reads strictly. And
+/// a key of a few words gets an error that names them, not the type's.
 fn check_kinds(
     built: &config::Config,
     known: &BTreeMap<String, Leaf>,
@@ -1759,27 +1765,42 @@ fn check_kinds(
         None => invalid(key, message),
     };
     for (key, leaf) in known {
-        if !matches!(leaf, Leaf::Integer) {
-            continue;
-        }
         let Ok(value) = built.get::<config::Value>(key) else {
             continue;
         };
-        let shown = match value.kind {
-            config::ValueKind::I64(_)
-            | config::ValueKind::I128(_)
-            | config::ValueKind::U64(_)
-            | config::ValueKind::U128(_) => continue,
-            config::ValueKind::String(s) if set_by.contains_key(key) => {
-                if s.parse::<i128>().is_ok() {
-                    continue;
-                }
-                format!("{s:?}")
+        let from_env = set_by.contains_key(key);
+        let wanted = match (leaf, value.kind) {
+            (Leaf::Switch, config::ValueKind::Boolean(_)) => continue,
+            (Leaf::Switch, config::ValueKind::String(s))
+                if from_env && matches!(s.as_str(), "true" | "false") =>
+            {
+                continue
             }
-            config::ValueKind::String(s) => format!("{s:?}"),
-            other => other.to_string(),
+            (Leaf::Switch, kind) => ("true or false", shown(kind)),
+            (
+                Leaf::Number,
+                config::ValueKind::Float(_)
+                | config::ValueKind::I64(_)
+                | config::ValueKind::I128(_)
+                | config::ValueKind::U64(_)
+                | config::ValueKind::U128(_),
+            ) => continue,
+            (Leaf::Number, config::ValueKind::String(s))
+                if from_env && s.parse::<f64>().is_ok_and(f64::is_finite) =>
+            {
+                continue
+            }
+            (Leaf::Number, kind) => ("a number", shown(kind)),
+            (Leaf::Integer, kind) => match integer_shown(kind, from_env) {
+                Some(shown) => ("a whole number", shown),
+                None => continue,
+            },
+            (Leaf::Value | Leaf::List, _) => continue,
         };
-        return Err(refuse(key, format!("must be a whole number, not {shown}")));
+        return Err(refuse(
+            key,
+            format!("must be {}, not {}", wanted.0, wanted.1),
+        ));
     }
     for (key, check) in WORDS {
         if let Ok(config::ValueKind::String(s)) = built.get::<config::Value>(key).map(|v| v.kind) {
@@ -1789,11 +1810,38 @@ fn check_kinds(
     Ok(())
 }
 
+/// A value as an error names it: a string quoted.
+fn shown(kind: config::ValueKind) -> String {
+    match kind {
+        config::ValueKind::String(s) => format!("{s:?}"),
+        other => other.to_string(),
+    }
+}
+
+/// How an error names what an integer key holds; none if it is a whole
+/// number (from a variable, its digits).
+fn integer_shown(kind: config::ValueKind, from_env: bool) -> Option<String> {
+    let shown = match kind {
+        config::ValueKind::I64(_)
+        | config::ValueKind::I128(_)
+        | config::ValueKind::U64(_)
+        | config::ValueKind::U128(_) => return None,
+        config::ValueKind::String(s) if from_env && s.parse::<i128>().is_ok() => return None,
+        other => shown(other),
+    };
+    Some(shown)
+}
+
 /// What a config key holds.
 enum Leaf {
+    /// A string.
     Value,
     /// A whole number.
     Integer,
+    /// Any number.
+    Number,
+    /// `true` or `false`.
+    Switch,
     List,
 }
 
@@ -1817,6 +1865,12 @@ fn leaf_keys() -> BTreeMap<String, Leaf> {
             }
             serde_json::Value::Number(n) if n.is_u64() || n.is_i64() => {
                 out.insert(prefix.to_string(), Leaf::Integer);
+            }
+            serde_json::Value::Number(_) => {
+                out.insert(prefix.to_string(), Leaf::Number);
+            }
+            serde_json::Value::Bool(_) => {
+                out.insert(prefix.to_string(), Leaf::Switch);
             }
             _ => {
                 out.insert(prefix.to_string(), Leaf::Value);
@@ -2284,6 +2338,60 @@ mod tests {
     fn several_nats_urls_are_accepted() {
         let s = load_toml("[nats]\nurl = \"nats://a:4222, tls://b:4223\"\n", &[]).unwrap();
         assert_eq!(s.config.nats.servers().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_switch_takes_true_or_false_and_a_number_a_number_as_in_a_world_section() {
+        // The config crate read each of these (`1` and `"yes"` as true,
+        // `true` as 1.0, turning `similar` on), and `--check` said OK; the
+        // same in `[worlds.*]` was refused.
+        for written in ["1", "\"yes\"", "\"true\"", "0.0"] {
+            let e = error_of(&format!("[events]\napproved = {written}\n"), &[]);
+            assert!(
+                e.contains("`events.approved`") && e.contains("true or false"),
+                "{written}: {e}"
+            );
+            let world = format!("[worlds.w.rules.low_content]\nenabled = {written}\n");
+            assert!(load_toml(&world, &[]).is_err(), "{written} in a world");
+        }
+        for value in ["off", "yes", "1", "TRUE", " true"] {
+            let e = error_of("", &[("LOOPGUARD__EVENTS__APPROVED", value)]);
+            assert!(
+                e.contains("LOOPGUARD__EVENTS__APPROVED") && e.contains("true or false"),
+                "{value:?}: {e}"
+            );
+        }
+        for written in ["true", "\"0.6\""] {
+            let e = error_of(&format!("[rules.similar]\nthreshold = {written}\n"), &[]);
+            assert!(
+                e.contains("`rules.similar.threshold`") && e.contains("a number"),
+                "{written}: {e}"
+            );
+        }
+        for value in ["true", "high", "nan", "inf"] {
+            let e = error_of("", &[("LOOPGUARD__RULES__SIMILAR__THRESHOLD", value)]);
+            assert!(
+                e.contains("LOOPGUARD__RULES__SIMILAR__THRESHOLD"),
+                "{value:?}: {e}"
+            );
+        }
+        let s = load_toml(
+            "[events]\napproved = false\n[rules.similar]\nthreshold = 1\n",
+            &[("LOOPGUARD__RULES__LOW_CONTENT__ENABLED", "true")],
+        )
+        .unwrap();
+        assert!(!s.config.events.approved && s.config.rules.low_content.enabled);
+        assert_eq!(s.config.rules.similar.threshold, 1.0);
+        let s = load_toml(
+            "",
+            &[
+                ("LOOPGUARD__EVENTS__APPROVED", "false"),
+                ("LOOPGUARD__RULES__SIMILAR__THRESHOLD", "0.75"),
+            ],
+        )
+        .unwrap();
+        assert!(!s.config.events.approved);
+        assert_eq!(s.config.rules.similar.threshold, 0.75);
     }
 
     #[test]
