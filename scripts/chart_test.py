@@ -319,7 +319,9 @@ def main():
                   "*=debug", "\"loopguard\"=debug", "-x=debug", "\u00fc=debug", "a b=debug",
                   "[{}]", "[{}]=debug", "[x]y=debug", "a[{b}c]=debug", "a]b[x]",
                   # a field's value is a regex to tracing: one that does not compile is refused
-                  "[{req=(}]", "[{a=*}]=debug", "[{req=abc.d}]=debug", "x[{user=b-1}]"]:
+                  "[{req=(}]", "[{a=*}]=debug", "[{req=abc.d}]=debug", "x[{user=b-1}]",
+                  # no level after '=', a field with no value (tracing read them)
+                  "loopguard=", "info,async_nats=", "[{req=}]", "[{req=}]=debug"]:
         schema_agrees({"config": {"log": {"level": level}}}, f'[log]\nlevel = {json.dumps(level)}\n',
                       f"log.level {level!r}")
     ok("the schema and loopguard --check agree on each log.level filter tried")

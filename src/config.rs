@@ -1468,7 +1468,27 @@ pub fn log_filter(text: &str) -> Result<String, String> {
              to filter by target, give it a level (async_nats=debug)"
         ));
     }
+    // Nor one after `=` (`loopguard=` would be read as trace), nor a span
+    // field's empty value (`[{req=}]`), as the chart's schema refuses them.
+    if let Some(directive) = filter
+        .split(',')
+        .find(|d| directive_level(d).is_some_and(|level| !is_log_level(level)) || d.contains("=}"))
+    {
+        return Err(format!(
+            "{directive:?} is not a level (error, warn, info, debug, trace, off) after its `=`, \
+             or holds a field with no value"
+        ));
+    }
     Ok(filter)
+}
+
+/// What a directive gives after its last `=` past any span filter
+/// (`async_nats=debug`, `[{req=a}]=trace`): its level, if it has one.
+fn directive_level(directive: &str) -> Option<&str> {
+    let tail = directive
+        .rfind(']')
+        .map_or(directive, |end| &directive[end + 1..]);
+    tail.rsplit_once('=').map(|(_, level)| level)
 }
 
 /// Whether `word` is a level in the log filter syntax.
@@ -2008,17 +2028,28 @@ mod tests {
 
     #[test]
     fn a_log_level_that_is_no_level_is_refused() {
-        for bad in ["warning", "inof", "info,loopgaurd"] {
+        // The last three, tracing read: as trace, or with a field filter
+        // that matches an empty value.
+        for bad in [
+            "warning",
+            "inof",
+            "info,loopgaurd",
+            "loopguard=",
+            "[{req=}]",
+            "[{req=}]=debug",
+        ] {
             let e = error_of(&format!("[log]\nlevel = \"{bad}\"\n"), &[]);
             assert!(
                 e.contains("log.level") && e.contains("is not a level"),
-                "{e}"
+                "{bad}: {e}"
             );
         }
         for good in [
             "WARN",
             "info,async_nats=warn",
             "loopguard[decide]=trace",
+            "[{req=a}]=debug",
+            "loopguard[decide]",
             "off",
         ] {
             let toml = format!("[log]\nlevel = \"{good}\"\n");
