@@ -318,6 +318,9 @@ mod tests {
     fn unknown_kinds_and_bad_token_counts_keep_a_valid_world() {
         for subject in [
             "chat.raw.lobby.robot.x",
+            // A kind is exact: a permission denying `system` names it so.
+            "chat.raw.lobby.System.x",
+            "chat.raw.lobby.AGENT.x",
             "chat.raw.lobby.agent",
             "chat.raw.lobby.agent.a.b",
             "chat.raw.lobby.agent.bøb",
