@@ -519,10 +519,13 @@ fn retention_of(retention: Retention) -> stream::RetentionPolicy {
     }
 }
 
-/// Why an existing consumer's settings could lose messages, if they could:
-/// an acknowledgement that settles others too (a worker's would settle
-/// another's unfinished ones), headers without payloads, or a filter that
-/// leaves out part of loopguard's input (`wanted`).
+/// Why an existing consumer's settings could lose messages, or would
+/// deliver none, if they could: an acknowledgement that settles others too
+/// (a worker's would settle another's unfinished ones), headers without
+/// payloads, priority groups (nats-server 2.11 on refuses a pull that names
+/// none, as loopguard's do: it would pull nothing, opening the consumer
+/// again every 30 s while `/readyz` said 200), or a filter that leaves out
+/// part of loopguard's input (`wanted`).
 fn unsuitable(held: &jetstream::consumer::Config, wanted: &[String]) -> Option<String> {
     use jetstream::consumer::AckPolicy;
     if held.ack_policy != AckPolicy::Explicit {
@@ -533,6 +536,12 @@ fn unsuitable(held: &jetstream::consumer::Config, wanted: &[String]) -> Option<S
     }
     if held.headers_only {
         return Some("delivers headers only, without payloads".to_owned());
+    }
+    if !held.priority_groups.is_empty() {
+        return Some(format!(
+            "has priority groups ({}): the server delivers only to pulls that name one, and loopguard's name none",
+            held.priority_groups.join(", ")
+        ));
     }
     let filters: Vec<&str> = std::iter::once(&held.filter_subject)
         .chain(&held.filter_subjects)
@@ -1042,6 +1051,55 @@ mod tests {
         );
         let apart = [decision(100_000)[0].clone(), decision(100_000)[0].clone()];
         assert!(weight(&apart) >= 200_000);
+    }
+
+    #[test]
+    fn a_consumer_that_could_lose_messages_or_deliver_none_is_unsuitable() {
+        use jetstream::consumer::{AckPolicy, Config};
+        let wanted = ["chat.raw.>".to_owned(), "chat.join.>".to_owned()];
+        let fit = Config {
+            ack_policy: AckPolicy::Explicit,
+            ..Default::default()
+        };
+        assert_eq!(unsuitable(&fit, &wanted), None);
+        let filtered = Config {
+            filter_subjects: wanted.to_vec(),
+            ..fit.clone()
+        };
+        assert_eq!(unsuitable(&filtered, &wanted), None);
+        for (unfit, says) in [
+            (
+                Config {
+                    ack_policy: AckPolicy::All,
+                    ..fit.clone()
+                },
+                "not explicit",
+            ),
+            (
+                Config {
+                    headers_only: true,
+                    ..fit.clone()
+                },
+                "headers only",
+            ),
+            (
+                Config {
+                    priority_groups: vec!["jobs".into()],
+                    ..fit.clone()
+                },
+                "priority groups (jobs)",
+            ),
+            (
+                Config {
+                    filter_subject: "chat.raw.>".into(),
+                    ..fit.clone()
+                },
+                "leaves out chat.join.>",
+            ),
+        ] {
+            let reason = unsuitable(&unfit, &wanted).unwrap_or_default();
+            assert!(reason.contains(says), "{says}: {reason:?}");
+        }
     }
 
     #[test]
