@@ -283,8 +283,9 @@ pub async fn run(
         grace_over.clone(),
     );
     let mut workers: futures::stream::FuturesUnordered<_> = handles.into_iter().collect();
-    // Intake ending in an error (a worker stopped by a bug, a consumer that
-    // refuses loopguard) starts the grace period, as a signal does.
+    // Intake ending in an error (a consumer that refuses loopguard) starts
+    // the grace period, as a signal does (and a worker stopped by a bug,
+    // which stops the intake too).
     let failed = tokio::sync::Notify::new();
     // What failed, so that a drain the grace period cuts short still fails
     // the exit.
@@ -375,14 +376,17 @@ pub async fn run(
         tracing::info!("shutdown: waiting for workers to publish what was taken in");
         while let Some(ended) = workers.next().await {
             // One that panics while the others drain still fails the exit.
-            if ended.is_err() && intake.is_ok() {
+            if ended.is_err() {
+                worker_down = true;
                 let e = worker_failed(ended, " while shutting down");
-                let _ = failure.set(e.to_string());
-                intake = Err(e);
+                if intake.is_ok() {
+                    let _ = failure.set(e.to_string());
+                    intake = Err(e);
+                }
             }
         }
         if worker_down {
-            // Those sent to the failed worker and not taken: still in its
+            // Those sent to a failed worker and not taken: still in its
             // queue when it failed, or sent after. Besides them, the one it
             // failed on and those it held behind a policy answer.
             tracing::error!(
@@ -395,9 +399,14 @@ pub async fn run(
         // grace period ran out), which came before it: the server delivers
         // them again in that order. A drain cut short past the grace period
         // (`HAND_BACK_BOUND`) never gets here: those come back after
-        // `ack_wait`, as what the workers still hold does.
-        if let Some(pulled) = pulled {
-            pulled.hand_back().await;
+        // `ack_wait`, as what the workers still hold does; and so does what
+        // it pulled once a worker failed: handed back, a world's later
+        // messages would come back ahead of those the failed worker held.
+        match pulled {
+            Some(pulled) if !worker_down => {
+                pulled.hand_back().await;
+            }
+            _ => {}
         }
         // Nothing to flush from a client that never connected, whose flush
         // would wait for a connection.

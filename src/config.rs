@@ -1769,8 +1769,9 @@ fn word<T: serde::de::DeserializeOwned>(value: &str) -> Result<(), String> {
 /// must hold a whole number (from a variable, its digits). It takes `1`,
 /// `"yes"` and `"off"` for a switch, and `true` or `"0.6"` for a number
 /// (`true` as 1.0, turning `similar` on): a switch must be `true` or
-/// `false`, a number a number (from a variable, `true`, `false` or a
-/// number as written), as in `[worlds.*]`, which serde reads strictly. And
+/// `false`, a number a number (from a variable, `true` or `false` in any
+/// case, or a number as written), as in `[worlds.*]`, which serde reads
+/// strictly. And
 /// a key of a few words gets an error that names them, not the type's.
 fn check_kinds(
     built: &config::Config,
@@ -1792,7 +1793,8 @@ fn check_kinds(
         let wanted = match (leaf, value.kind) {
             (Leaf::Switch, config::ValueKind::Boolean(_)) => continue,
             (Leaf::Switch, config::ValueKind::String(s))
-                if from_env && matches!(s.as_str(), "true" | "false") =>
+                if from_env
+                    && (s.eq_ignore_ascii_case("true") || s.eq_ignore_ascii_case("false")) =>
             {
                 continue
             }
@@ -2385,7 +2387,7 @@ mod tests {
             let world = format!("[worlds.w.rules.low_content]\nenabled = {written}\n");
             assert!(load_toml(&world, &[]).is_err(), "{written} in a world");
         }
-        for value in ["off", "yes", "1", "TRUE", " true"] {
+        for value in ["off", "yes", "1", "on", " true"] {
             let e = error_of("", &[("LOOPGUARD__EVENTS__APPROVED", value)]);
             assert!(
                 e.contains("LOOPGUARD__EVENTS__APPROVED") && e.contains("true or false"),
@@ -2416,7 +2418,8 @@ mod tests {
         let s = load_toml(
             "",
             &[
-                ("LOOPGUARD__EVENTS__APPROVED", "false"),
+                // In any case, as a tool writing `str(False)` would.
+                ("LOOPGUARD__EVENTS__APPROVED", "False"),
                 ("LOOPGUARD__RULES__SIMILAR__THRESHOLD", "0.75"),
             ],
         )

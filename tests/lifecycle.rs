@@ -1272,7 +1272,12 @@ async fn a_watched_config_file_is_reloaded_when_a_configmap_link_is_swapped() {
 async fn when_a_worker_panics_the_other_worlds_lose_nothing_and_its_own_are_counted() {
     const OTHERS: usize = 20_000;
     let nats = NatsServer::start();
-    let mut lg = Loopguard::spawn_env(&nats.url(), "", &[("LOOPGUARD_TEST_PANIC_WORLD", "doomed")]);
+    // A grace period the drain cannot outlast, on a slow machine too.
+    let mut lg = Loopguard::spawn_env(
+        &nats.url(),
+        "[shutdown]\ngrace_seconds = 120\n",
+        &[("LOOPGUARD_TEST_PANIC_WORLD", "doomed")],
+    );
     let addr = lg.http_addr().await;
     support::until_readyz(&addr, 200).await;
     let client = within("client", async_nats::connect(nats.url()))
@@ -1319,7 +1324,7 @@ async fn when_a_worker_panics_the_other_worlds_lose_nothing_and_its_own_are_coun
     }
     let line = logs
         .lines()
-        .find(|l| l.contains("left undecided"))
+        .find(|l| l.contains("failed worker's worlds left undecided"))
         .unwrap_or_else(|| panic!("no count of the failed worker's messages: {logs}"));
     let undecided: usize = line
         .split(" undecided=")
