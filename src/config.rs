@@ -1368,10 +1368,10 @@ fn validate_rules(key: &str, rules: &RulesConfig, prefix: &str) -> Result<(), Co
             ),
         ));
     }
-    if !(1..=10_000).contains(&rules.policy.timeout_ms) {
+    if !(1..=MAX_POLICY_TIMEOUT_MS).contains(&rules.policy.timeout_ms) {
         return Err(invalid(
             format!("{key}.policy.timeout_ms"),
-            "must be 1 to 10000",
+            format!("must be 1 to {MAX_POLICY_TIMEOUT_MS}"),
         ));
     }
     if rules.policy.trip_after > 10_000 {
@@ -1512,6 +1512,10 @@ fn trim_directive(directive: &str) -> String {
         _ => directive.to_owned(),
     }
 }
+
+/// The longest `rules.policy.timeout_ms`: a world waits that long at most
+/// for an answer, holding back its later messages.
+pub const MAX_POLICY_TIMEOUT_MS: u64 = 10_000;
 
 /// The prefix is one or more subject tokens of `[A-Za-z0-9_-]`.
 fn validate_prefix(prefix: &str) -> Result<(), ConfigError> {

@@ -26,6 +26,24 @@ pub async fn stall_held() {
     }
 }
 
+/// The policy hook's timeout: `rules.policy.timeout_ms`, but in place of
+/// its bound of 10 s, `LOOPGUARD_TEST_POLICY_TIMEOUT_MAX_MS` when set. A
+/// test that holds a world behind a question the service never answers
+/// gives the bound; the harness sets this far past it, so that a loaded
+/// machine does not release the world while the test still sets up (a
+/// test of the timeout itself gives less).
+pub fn policy_timeout(configured: Duration) -> Duration {
+    static LONGEST: OnceLock<Option<Duration>> = OnceLock::new();
+    match millis(&LONGEST, "LOOPGUARD_TEST_POLICY_TIMEOUT_MAX_MS") {
+        Some(longest)
+            if configured == Duration::from_millis(crate::config::MAX_POLICY_TIMEOUT_MS) =>
+        {
+            longest
+        }
+        _ => configured,
+    }
+}
+
 /// Holds up every HTTP request but the probes for
 /// `LOOPGUARD_TEST_SLOW_HANDLER_MS`, on its blocking thread, as a scrape of
 /// many worlds would.

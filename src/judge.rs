@@ -820,7 +820,7 @@ impl Judge {
             // limit meanwhile, and a rejected message changes no state.
             d.policy = Some(PolicyCheck {
                 subject: policy.subject.clone(),
-                timeout: std::time::Duration::from_millis(policy.timeout_ms),
+                timeout: policy_timeout(policy.timeout_ms),
                 fail: policy.fail,
                 trip_after: policy.trip_after,
                 request: body,
@@ -1055,6 +1055,16 @@ fn copy_id(key: &str, dest: &[&str]) -> String {
         id.push_str(part);
     }
     id
+}
+
+/// How long a policy question waits for its answer: `timeout_ms` (in a
+/// debug build, a test may stretch the longest: see
+/// `fault::policy_timeout`).
+fn policy_timeout(timeout_ms: u64) -> std::time::Duration {
+    let configured = std::time::Duration::from_millis(timeout_ms);
+    #[cfg(debug_assertions)]
+    let configured = crate::fault::policy_timeout(configured);
+    configured
 }
 
 #[cfg(test)]

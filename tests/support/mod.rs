@@ -268,6 +268,10 @@ impl Loopguard {
             .arg("--config")
             .arg(&config)
             .env("RUST_LOG", "loopguard=debug")
+            // A test holding a world behind a question never answered
+            // gives the longest timeout (10 s); a loaded machine could
+            // outlast it while the test sets up (fault::policy_timeout).
+            .env("LOOPGUARD_TEST_POLICY_TIMEOUT_MAX_MS", "120000")
             .env("LOOPGUARD__NATS__URL", url)
             .env("LOOPGUARD__HTTP__LISTEN", "127.0.0.1:0")
             .envs(env.iter().map(|(k, v)| (k, v)))
