@@ -575,7 +575,11 @@ fn world_view(admin: &Admin, raw: &str) -> Reply {
             // the rate window, the pause.
             let settings = admin.judge.settings();
             let mut w = state::lock(&handle);
-            w.bring_onto(settings.world(&world), settings.config.mode, now);
+            if w.bring_onto(settings.world(&world), settings.config.mode, now) {
+                // Weighed again, as a message would have it: newly listed
+                // agents may have grown it.
+                admin.judge.worlds().weigh(&world, &handle, &w);
+            }
             show(&w)
         }
         None => {
@@ -807,6 +811,32 @@ mod tests {
                 proptest::prop_assert!(serde_json::from_slice::<serde_json::Value>(&body).is_ok());
             }
         }
+    }
+
+    /// A reload that lists agents in a world grows it: shown by the view
+    /// before its next message, it is weighed then too, as a message
+    /// would have it weighed (until 2026-11-24 its weight stayed stale).
+    #[test]
+    fn the_view_weighs_a_world_it_brings_onto_new_settings() {
+        let admin = admin();
+        let worlds = admin.judge.worlds();
+        worlds.upkeep();
+        let before = worlds.bytes();
+        let agents: Vec<String> = (0..512).map(|i| format!("\"agent{i}\"")).collect();
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(
+            &mut file,
+            format!("[worlds.w]\nagents = [{}]\n", agents.join(", ")).as_bytes(),
+        )
+        .unwrap();
+        let reloaded = crate::config::Config::load(Some(file.path()), Vec::new()).unwrap();
+        admin.judge.reload(reloaded).unwrap();
+        let req = Request::builder().uri("/v1/worlds/w").body(()).unwrap();
+        assert_eq!(handle(&admin, req).status(), StatusCode::OK);
+        worlds.upkeep();
+        let after = worlds.bytes();
+        // 512 roster entries of a few dozen bytes each, at least.
+        assert!(after > before + 512 * 16, "{before} -> {after}");
     }
 
     #[test]

@@ -506,7 +506,7 @@ fn warn_if_worlds_can_outweigh(settings: &Settings) {
         tracing::warn!(
             world_mib = mib(heaviest as u64),
             max_bytes_mib = mib(max_bytes),
-            "one world may hold more than half of state.max_bytes (its agents' last rules.rate.max approval times, and state.context_messages entries): the cache may then hold about twice that, past state.max_bytes; raise state.max_bytes, or lower those"
+            "one world may hold more than half of state.max_bytes (its agents' last rules.rate.max approval times, state.context_messages entries, and a latest message whose ids are up to limits.max_payload_bytes each): the cache may then hold about twice that, past state.max_bytes; raise state.max_bytes, or lower those"
         );
     }
 }

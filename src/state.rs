@@ -53,17 +53,21 @@ pub const MIN_STATE_BYTES: u64 = 16 << 20;
 /// The most a world can hold in the parts that grow with its settings
 /// rather than within a fixed cap: its roster's approval times (each of
 /// [`MAX_AGENTS`] agents keeps its last `rules.rate.max`, in a queue that
-/// grows by doubling) and its context entries (`state.context_messages`,
-/// each counted at twice the largest copy). A world is weighed at half of
-/// `state.max_bytes` at most, so that one world cannot empty the cache:
-/// only through these parts can it hold more than that.
+/// grows by doubling), its context entries (`state.context_messages`,
+/// each counted at twice the largest copy), and its latest message when
+/// its ids are too long to remember ([`MAX_REMEMBERED_ID`]): kept whole, id
+/// and thread id, each up to `limits.max_payload_bytes`. A world is weighed
+/// at half of `state.max_bytes` at most, so that one world cannot empty the
+/// cache: only through these parts can it hold more than that.
 pub fn heaviest_parts(settings: &Settings) -> usize {
-    let largest_copy = crate::judge::largest_output(settings.config.limits.max_payload_bytes);
+    let max_payload = settings.config.limits.max_payload_bytes;
+    let largest_copy = crate::judge::largest_output(max_payload);
     let context = settings
         .config
         .state
         .context_messages
         .saturating_mul(largest_copy.saturating_mul(2));
+    let latest_long = max_payload.saturating_mul(2);
     let approval_times = std::iter::once(&settings.default_world)
         .chain(settings.worlds.values())
         .map(|w| {
@@ -73,7 +77,9 @@ pub fn heaviest_parts(settings: &Settings) -> usize {
         })
         .max()
         .unwrap_or(0);
-    approval_times.saturating_add(context)
+    approval_times
+        .saturating_add(context)
+        .saturating_add(latest_long)
 }
 
 /// A per-world map. foldhash (randomly seeded per map) rather than the
@@ -382,20 +388,22 @@ impl WorldState {
     /// (see [`WorldState::apply_settings`]), and in observe mode no pause:
     /// that mode pauses no world, so one paused under enforce is not paused
     /// now, and back under enforce its next turn-limit rejection tells a
-    /// human again.
-    pub fn bring_onto(&mut self, settings: &Arc<WorldSettings>, mode: Mode, now: Stamp) {
-        self.apply_settings(settings, now);
+    /// human again. Whether its settings changed (its weight may have).
+    pub fn bring_onto(&mut self, settings: &Arc<WorldSettings>, mode: Mode, now: Stamp) -> bool {
+        let changed = self.apply_settings(settings, now);
         if mode == Mode::Observe {
             self.paused = false;
         }
+        changed
     }
 
     /// Brings the world onto `settings` after a configuration reload: new
     /// rules apply from the next decision, agents now listed in config are
     /// pinned, and agents no longer listed may expire like any other.
-    fn apply_settings(&mut self, settings: &Arc<WorldSettings>, now: Stamp) {
+    /// Whether they were other settings.
+    fn apply_settings(&mut self, settings: &Arc<WorldSettings>, now: Stamp) -> bool {
         if Arc::ptr_eq(&self.settings, settings) {
-            return;
+            return false;
         }
         for agent in self.agents.values_mut() {
             agent.pinned = false;
@@ -435,14 +443,23 @@ impl WorldState {
                 agent.approvals.shrink_to(keep);
             }
         }
-        if settings.rules.alternation.max_cycles == 0 {
-            // Off keeps no speaker history: turned on again, the rule counts
-            // from then, never across turns it did not see.
-            if let Some(extras) = &mut self.extras {
+        // A rule turned off keeps no history: turned on again, it counts
+        // from then, never across messages it did not see (none is
+        // recorded while it is off), and the memory goes back meanwhile.
+        if let Some(extras) = &mut self.extras {
+            let rules = &settings.rules;
+            if rules.alternation.max_cycles == 0 {
                 extras.forget_speakers();
+            }
+            if rules.budget.max == 0 {
+                extras.agent_approvals = VecDeque::new();
+            }
+            if !rules.similar.is_on() {
+                extras.word_sets = VecDeque::new();
             }
         }
         self.settings = settings.clone();
+        true
     }
 
     /// The roster entry for a lowercase name, if it is on the roster now.
@@ -2176,6 +2193,30 @@ mod tests {
             c.state.max_bytes = MIN_STATE_BYTES;
         });
         assert!(heaviest_parts(&heavy) > MIN_STATE_BYTES as usize / 2);
+        // So does a latest message kept whole, its ids too long to
+        // remember, with payloads of up to 8 MiB (the server allows 64).
+        let (long_ids, _) = worlds_with(|c| {
+            c.limits.max_payload_bytes = 8 << 20;
+            c.state.max_bytes = MIN_STATE_BYTES;
+        });
+        let t0 = Stamp::of(Instant::now());
+        let mut w = WorldState::new(long_ids.default_world.clone(), Duration::from_secs(60), t0);
+        let empty = w.footprint();
+        let id = "i".repeat(4 << 20);
+        let thread = "t".repeat(4 << 20);
+        let lineage = w.lineage(&id, None, Some(&thread), false);
+        w.record_approved(Approved {
+            id: &Arc::from(id.as_str()),
+            lineage: &lineage,
+            content_hash: 0,
+            now: t0,
+            agent: None,
+            takes_turn: false,
+        });
+        let grown = w.footprint() - empty;
+        let bound = heaviest_parts(&long_ids);
+        assert!(grown >= 8 << 20 && grown <= bound, "{grown} of {bound}");
+        assert!(bound > MIN_STATE_BYTES as usize / 2);
     }
 
     #[test]
@@ -2199,6 +2240,36 @@ mod tests {
             w.speakers().iter().map(Name::as_str).collect::<Vec<_>>(),
             ["b"]
         );
+    }
+
+    /// As for the speakers: a budget or `similar` turned off forgets its
+    /// window, so turned on again it does not count approvals from before
+    /// (and miss those made meanwhile), and the world gives the memory back.
+    #[test]
+    fn budget_and_similar_history_is_kept_only_while_the_rule_is_on() {
+        let on = with_rules(|r| {
+            r.budget.max = 100;
+            r.similar.threshold = 0.8;
+            r.turns.max = 0;
+        });
+        let off = with_rules(|r| r.turns.max = 0);
+        let t0 = Stamp::of(Instant::now());
+        let mut w = WorldState::new(on.clone(), Duration::from_secs(60), t0);
+        for i in 0..5 {
+            approve_agent(&mut w, &name("a"), &i.to_string(), 10, true, t0);
+            w.remember_words(t0, crate::rules::similar::words("plan the launch"));
+        }
+        let window = Duration::from_secs(600);
+        assert_eq!(w.agent_approvals_within(t0, window), 5);
+        assert_eq!(w.recent_words(t0, window).count(), 5);
+        let before = w.footprint();
+        w.apply_settings(&off, t0);
+        assert_eq!(w.agent_approvals_within(t0, window), 0);
+        assert_eq!(w.recent_words(t0, window).count(), 0);
+        assert!(w.footprint() < before, "{} of {before}", w.footprint());
+        w.apply_settings(&on, t0);
+        approve_agent(&mut w, &name("a"), "5", 10, true, t0);
+        assert_eq!(w.agent_approvals_within(t0, window), 1);
     }
 
     /// A long name is its own allocation in each speaker entry (each
