@@ -1306,15 +1306,7 @@ async fn when_a_worker_panics_the_other_worlds_lose_nothing_and_its_own_are_coun
     }
     client.flush().await.unwrap();
     lg.signal("CONT");
-    let status = within("loopguard to exit", async {
-        loop {
-            if let Some(status) = lg.exit_status() {
-                return status;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let status = lg.exited().await;
     let logs = lg.logs();
     assert_eq!(status.code(), Some(1), "{logs}");
     // loopguard flushed before it exited: a round trip brings every copy.
@@ -1360,15 +1352,7 @@ async fn a_worker_that_panics_stops_loopguard_with_an_error() {
         .await
         .unwrap();
     client.flush().await.unwrap();
-    let status = within("loopguard to exit", async {
-        loop {
-            if let Some(status) = lg.exit_status() {
-                return status;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let status = lg.exited().await;
     let logs = lg.logs();
     assert_eq!(status.code(), Some(1), "{logs}");
     assert!(

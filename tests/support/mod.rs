@@ -340,9 +340,10 @@ impl Loopguard {
         self.exited().await
     }
 
-    /// Waits for the process to exit (after a signal sent before).
+    /// Waits for the process to exit (after a signal sent before, or a
+    /// fault).
     pub async fn exited(&mut self) -> std::process::ExitStatus {
-        within("loopguard to exit after SIGTERM", async {
+        within("loopguard to exit", async {
             loop {
                 if let Some(status) = self.child.try_wait().expect("wait") {
                     return status;
