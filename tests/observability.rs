@@ -269,7 +269,7 @@ async fn connections_holding_every_slot_do_not_keep_the_probes_out() {
 /// hold a thread each. A request is answered on tokio's blocking pool, and
 /// a handler whose client has gone still runs to its end: until 2026-11-23
 /// nothing bounded how many ran, so such clients (here each request held up
-/// a second, as a scrape of many worlds is held up for a tenth of one, by a
+/// three seconds, as a scrape of many worlds is held up for a tenth of one, by a
 /// debug-only fault) grew the pool towards its 512 threads, and the probes,
 /// answered there too, queued behind them. Now at most `HANDLERS` run at
 /// once (a request still waiting for its turn when its client goes is never
@@ -283,7 +283,9 @@ async fn requests_whose_clients_hang_up_do_not_pile_up_threads() {
     let lg = support::Loopguard::spawn_env(
         &nats.url(),
         "",
-        &[("LOOPGUARD_TEST_SLOW_HANDLER_MS", "1000")],
+        // Three seconds: the probes below must be answered while every
+        // scrape is still held up, on a loaded machine too.
+        &[("LOOPGUARD_TEST_SLOW_HANDLER_MS", "3000")],
     );
     let addr = lg.http_addr().await;
     // Ready: connected, so the server's name was looked up (on the pool).
@@ -322,7 +324,7 @@ async fn requests_whose_clients_hang_up_do_not_pile_up_threads() {
 
     // Every handler busy, and more requests waiting for their turn: the
     // probes, however their path is written, are answered before any of
-    // them (queued with the rest, they would wait for a handler's second).
+    // them (queued with the rest, they would wait for a handler's seconds).
     let busy: Vec<_> = (0..=loopguard::admin::HANDLERS)
         .map(|_| {
             let addr = addr.clone();
