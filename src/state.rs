@@ -2495,6 +2495,7 @@ mod tests {
     #[test]
     fn between_messages_the_cache_log_is_applied_by_lookups_alone() {
         let settings = crate::config::Config::default().validate().unwrap();
+        let built = Instant::now();
         let mut worlds = Worlds::new(&settings, crate::metrics::Metrics::new().evicted);
         // The cache made a second ago, its last upkeep then: past
         // UPKEEP_EVERY, after which `upkeep` would apply any lookup.
@@ -2514,8 +2515,12 @@ mod tests {
             assert_eq!(lookups(), i, "too few lookups: left for later");
             look(i);
         }
-        // Not applied yet: moka counts a new world only once it is.
-        assert_eq!(worlds.cache.entry_count(), 0);
+        // Not applied yet: moka counts a new world only once it is (unless
+        // this thread was held up past moka's own 300 ms, when its next
+        // write applies the log: a loaded machine, not the code).
+        if built.elapsed() < Duration::from_millis(250) {
+            assert_eq!(worlds.cache.entry_count(), 0);
+        }
         // However little time passed: a busy worker's next lookups would
         // otherwise reach moka's own 64 inside a decision.
         worlds.upkeep_between();
