@@ -1181,7 +1181,7 @@ async fn redeliveries_of_messages_held_back_are_never_rejected_for_the_backlog()
 }
 
 /// Messages held back behind their world's policy request for longer than
-/// `ack_wait` (3 s here, the service silent for 5 s more) are not delivered
+/// `ack_wait` (6 s here, the service silent for 9 s) are not delivered
 /// again: every third of it loopguard tells the server they are still in
 /// progress, the one asking as well as those waiting behind it. Once
 /// answered, each is published once and acknowledged.
@@ -1189,14 +1189,14 @@ async fn redeliveries_of_messages_held_back_are_never_rejected_for_the_backlog()
 async fn messages_held_back_longer_than_ack_wait_are_not_delivered_again() {
     const N: usize = 11;
     let (nats, js, open) = held_policy_server().await;
-    let lg = Loopguard::spawn(&nats.url(), &held_policy_config(45, 3));
+    let lg = Loopguard::spawn(&nats.url(), &held_policy_config(45, 6));
     lg.until_ready().await;
     // The first asks, the other 10 wait behind it.
     publish_each(&js, 0..N, |i| format!("chat.raw.w0.agent.a{}", i % 4)).await;
     until_delivered(&js, N).await;
-    // Past an `ack_wait` after a first word (1 s), short of the policy's
-    // 10 s timeout.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Past an `ack_wait` after a first word (2 s), short of the policy's
+    // timeout (the harness stretches its 10 s to 120: fault::policy_timeout).
+    tokio::time::sleep(Duration::from_secs(9)).await;
     let consumer = ingest_consumer(&js).await;
     // Had the question timed out (a machine stalled for seconds), the first
     // message would have been approved and acknowledged: say so, rather
