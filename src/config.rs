@@ -1775,8 +1775,8 @@ fn word<T: serde::de::DeserializeOwned>(value: &str) -> Result<(), String> {
 /// (`true` as 1.0, turning `similar` on): a switch must be `true` or
 /// `false`, a number a number (from a variable, `true` or `false` in any
 /// case, or a number as written), as in `[worlds.*]`, which serde reads
-/// strictly. And
-/// a key of a few words gets an error that names them, not the type's.
+/// strictly. And a key of a few words gets an error that names them, not
+/// the type's.
 fn check_kinds(
     built: &config::Config,
     known: &BTreeMap<String, Leaf>,
