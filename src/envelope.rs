@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
@@ -188,7 +188,7 @@ fn content_in(raw: &RawValue) -> Result<Option<Cow<'_, str>>, serde_json::Error>
         // control characters, and the payload is UTF-8).
         Some(inner) if !inner.contains('\\') => Ok(Some(Cow::Borrowed(inner))),
         Some(_) => serde_json::from_str::<String>(text).map(|s| Some(Cow::Owned(s))),
-        None => serde_json::from_str::<Value>(text).map(|_| None),
+        None => serde_json::from_str::<Plain>(text).map(|_| None),
     }
 }
 
@@ -240,7 +240,7 @@ impl<'de> Deserialize<'de> for Object<'de> {
                         o.content = Some(content_in(raw).map_err(serde::de::Error::custom)?);
                         continue;
                     }
-                    let value: Value = map.next_value()?;
+                    let Plain(value) = map.next_value()?;
                     let slot = match &*key {
                         "id" => &mut o.id,
                         "thread_id" => &mut o.thread_id,
@@ -256,6 +256,81 @@ impl<'de> Deserialize<'de> for Object<'de> {
             }
         }
         deserializer.deserialize_map(Fields)
+    }
+}
+
+/// A JSON value read as written. serde_json's own `Value` reads an object
+/// whose first key is `$serde_json::private::RawValue` as the JSON its
+/// string holds, parsed anew: so `{"$serde_json::private::RawValue":
+/// "\"m1\""}` was a string id, an object's fields came out rewritten, and
+/// each such object began a new parser with its own depth limit (128),
+/// so a 64 KiB payload could nest about 1,600 deep. Here that key is a key
+/// like any other. The number marker, `$serde_json::private::Number`, is
+/// still read as a number: it is how serde_json hands over a number's
+/// exact digits, and a payload that writes it is read the same (§9).
+struct Plain(Value);
+
+/// serde_json's marker for a number's exact digits (`arbitrary_precision`).
+const NUMBER_TOKEN: &str = "$serde_json::private::Number";
+
+impl<'de> Deserialize<'de> for Plain {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Plain, D::Error> {
+        struct Any;
+        impl<'de> Visitor<'de> for Any {
+            type Value = Plain;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_bool<E>(self, b: bool) -> Result<Plain, E> {
+                Ok(Plain(Value::Bool(b)))
+            }
+            fn visit_i64<E>(self, n: i64) -> Result<Plain, E> {
+                Ok(Plain(Value::from(n)))
+            }
+            fn visit_u64<E>(self, n: u64) -> Result<Plain, E> {
+                Ok(Plain(Value::from(n)))
+            }
+            fn visit_f64<E>(self, n: f64) -> Result<Plain, E> {
+                Ok(Plain(Value::from(n)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Plain, E> {
+                Ok(Plain(Value::String(s.to_owned())))
+            }
+            fn visit_string<E>(self, s: String) -> Result<Plain, E> {
+                Ok(Plain(Value::String(s)))
+            }
+            fn visit_unit<E>(self) -> Result<Plain, E> {
+                Ok(Plain(Value::Null))
+            }
+            fn visit_none<E>(self) -> Result<Plain, E> {
+                Ok(Plain(Value::Null))
+            }
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Plain, D::Error> {
+                Plain::deserialize(d)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Plain, A::Error> {
+                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+                while let Some(Plain(item)) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(Plain(Value::Array(items)))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Plain, A::Error> {
+                let mut object = Map::new();
+                let mut first = true;
+                while let Some(Key(key)) = map.next_key()? {
+                    if std::mem::take(&mut first) && key == NUMBER_TOKEN {
+                        let digits: String = map.next_value()?;
+                        let number = digits.parse().map_err(serde::de::Error::custom)?;
+                        return Ok(Plain(Value::Number(number)));
+                    }
+                    let Plain(value) = map.next_value()?;
+                    object.insert(key.into_owned(), value);
+                }
+                Ok(Plain(Value::Object(object)))
+            }
+        }
+        deserializer.deserialize_any(Any)
     }
 }
 
@@ -346,6 +421,45 @@ mod tests {
         // A whole pair, and content that is no string, are read as before.
         assert_eq!(ok(r#"{"content":"\ud83d\ude00"}"#).content, "\u{1f600}");
         assert_eq!(ok(r#"{"content":[["x"]],"text":"t"}"#).content, "t");
+    }
+
+    /// serde_json's `Value` read an object whose first key is its raw-value
+    /// marker as the JSON inside it: a string id, a string text, fields
+    /// rewritten, and a new depth limit at each such object. Read as written
+    /// now; the number marker still reads as a number (§9).
+    #[test]
+    fn serde_json_s_raw_value_marker_is_a_key_like_any_other() {
+        let marker = "$serde_json::private::RawValue";
+        let id = format!(r#"{{"content":"x","id":{{"{marker}":"\"m1\""}}}}"#);
+        assert_eq!(
+            read(id.as_bytes(), FallbackId::default(), 1024),
+            Err(EnvelopeError::NotAString("id"))
+        );
+        let text = format!(r#"{{"text":{{"{marker}":"\"hi\""}}}}"#);
+        assert_eq!(
+            read(text.as_bytes(), FallbackId::default(), 1024),
+            Err(EnvelopeError::NoContent)
+        );
+        let kept = format!(r#"{{"content":"x","meta":{{"{marker}":"{{\"a\":1}}"}}}}"#);
+        let e = ok(&kept);
+        assert_eq!(
+            e.fields.get("meta"),
+            Some(&serde_json::json!({ marker: "{\"a\":1}" }))
+        );
+        // Markers nested in markers' strings are strings: no depth past
+        // the parser's 128, however they are chained.
+        let mut chained = String::from("1");
+        for _ in 0..12 {
+            chained = serde_json::to_string(&serde_json::json!({ marker: chained })).unwrap();
+        }
+        let deep = format!(r#"{{"content":"x","deep":{chained}}}"#);
+        let e = parse(deep.as_bytes(), FallbackId::default(), 1 << 20).unwrap();
+        assert!(e.fields["deep"][marker].is_string());
+        // Exact digits, as before.
+        let n = ok(r#"{"content":"x","n":123456789012345678901234567890}"#);
+        assert_eq!(n.fields["n"].to_string(), "123456789012345678901234567890");
+        let as_number = ok(r#"{"content":"x","n":{"$serde_json::private::Number":"1.50"}}"#);
+        assert_eq!(as_number.fields["n"].to_string(), "1.50");
     }
 
     #[test]
