@@ -782,9 +782,13 @@ async fn past_its_share_a_waiting_world_s_joins_and_invalid_subjects_do_not_stal
             .filter(|r| *r == "invalid")
             .count();
     }
-    assert_eq!(
-        rejected, 3000,
-        "every invalid subject rejected while flood waits"
+    // The share's 64th place goes to the first of them the intake reads
+    // (it reads joins beside raw messages, in no set order): a join, or an
+    // invalid subject, held back with the rest, so decided once the answer
+    // comes.
+    assert!(
+        rejected >= 2999,
+        "every invalid subject past the share rejected while flood waits: {rejected}"
     );
 
     open.send(()).unwrap();
@@ -793,6 +797,12 @@ async fn past_its_share_a_waiting_world_s_joins_and_invalid_subjects_do_not_stal
     let mut out = until_public(&mut h, "flood", 64).await;
     // No longer waiting: the barrier comes after the human's message.
     out.0.extend(h.settle("flood").await.0);
+    let later = out
+        .field("flood", "rule")
+        .iter()
+        .filter(|r| *r == "invalid")
+        .count();
+    assert_eq!(rejected + later, 3000, "each invalid subject rejected once");
     let mut expected = vec!["a slow answer".to_string()];
     expected.extend((0..63).map(|i| format!("answer {i}")));
     let public: Vec<&str> = out
