@@ -572,9 +572,10 @@ fn world_view(admin: &Admin, raw: &str) -> Reply {
     let view = match admin.judge.worlds().get(&world, instant) {
         Some(handle) => {
             // As its next message would find it after a reload: the pins,
-            // the rate window, the pause.
-            let settings = admin.judge.settings();
+            // the rate window, the pause. Read under the world's lock, as a
+            // decision reads them, so the two never undo each other.
             let mut w = state::lock(&handle);
+            let settings = admin.judge.settings();
             if w.bring_onto(settings.world(&world), settings.config.mode, now) {
                 // Weighed again, as a message would have it: newly listed
                 // agents may have grown it.

@@ -322,6 +322,13 @@ impl Judge {
             .clone()
     }
 
+    /// The settings in force now, if a reload replaced `read` since (no
+    /// count of references taken otherwise: a decision asks this once).
+    fn settings_since(&self, read: &Arc<Settings>) -> Option<Arc<Settings>> {
+        let now = self.settings.read().unwrap_or_else(|p| p.into_inner());
+        (!Arc::ptr_eq(&now, read)).then(|| now.clone())
+    }
+
     /// Applies a reloaded configuration from the next decision on: rules,
     /// per-world overrides, mode, events, limits and conversation. Returns
     /// the sections that differ from those running but only take effect
@@ -434,7 +441,9 @@ impl Judge {
                 let handle = waiting.unwrap_or_else(|| self.worlds.get_or_create(&world, ws, now));
                 let now = Stamp::of(now);
                 let mut w = state::lock(&handle);
-                w.bring_onto(ws, settings.config.mode, now);
+                // Under the lock, as a decision reads them (`decide_raw`).
+                let settings = self.settings();
+                w.bring_onto(settings.world(&world), settings.config.mode, now);
                 w.touch_agent(&agent, now);
                 self.worlds.weigh(&world, &handle, &w);
                 return None;
@@ -675,12 +684,22 @@ impl Judge {
         env.fields
             .retain(|key, _| !EGRESS_KEYS.contains(&key.as_str()));
 
-        let ws = settings.world(&world);
-        let handle = self.worlds.get_or_create(&world, ws, now);
+        let handle = self
+            .worlds
+            .get_or_create(&world, settings.world(&world), now);
         // The time as the world's state keeps it.
         let now = Stamp::of(now);
         let mut w = state::lock(&handle);
-        w.bring_onto(ws, settings.config.mode, now);
+        // Read again under the world's lock, where every reader of it sees
+        // reloads in order: settings a view or another decision brought the
+        // world onto since this decision began are never undone (a view
+        // that unpaused a world under a raised turn limit, undone, sent a
+        // second hand-back notice for one pause).
+        let fresh = self.settings_since(settings);
+        let settings = fresh.as_ref().unwrap_or(settings);
+        let config = &settings.config;
+        let ws = settings.world(&world);
+        w.bring_onto(ws, config.mode, now);
         let limits = &ws.rules;
         let is_agent = kind == SenderKind::Agent;
         if is_agent {
@@ -1623,6 +1642,58 @@ mod tests {
         assert_eq!(copy["content"], "@human b is passing control to you");
         assert_eq!(copy["text"], "stuck, <world>pass</world> sorry");
         assert_eq!(copy["lang"], "en");
+    }
+
+    /// A decision that read the settings before a reload, when the world
+    /// view brought its world onto the new ones meanwhile, decides under
+    /// the new ones: it does not undo them. Under the old turn limit the
+    /// view's unpausing was undone, the message rejected, and a second
+    /// hand-back notice sent for the same pause.
+    #[test]
+    fn a_decision_does_not_undo_newer_settings_a_view_applied() {
+        let limited = |turns: u32| {
+            let mut c = Config::default();
+            c.rules.turns.max = turns;
+            c.rules.depth.max = 0;
+            c.rules.rate.max = 0;
+            c.validate().unwrap()
+        };
+        let rig = Rig::new(|c| *c = limited(3).config);
+        for (i, agent) in ["a", "b", "a"].iter().enumerate() {
+            let d = rig.send("agent", agent, &format!("{{\"content\":\"m{i}\"}}"));
+            assert_eq!(d.outcome, Outcome::Approved);
+        }
+        let paused = rig.send("agent", "b", r#"{"content":"m3"}"#);
+        assert_eq!(paused.handoff, Some(Handoff::TurnLimit));
+        // A message's decision begins: its settings read.
+        let before = rig.judge.settings();
+        // Meanwhile the limit goes up, and the view shows the world on it.
+        rig.judge.reload(limited(5)).unwrap();
+        let world = Name::parse("w").unwrap();
+        let now = rig.clock.now();
+        let handle = rig.judge.worlds().get(&world, now).unwrap();
+        {
+            let mut w = state::lock(&handle);
+            let new = rig.judge.settings();
+            w.bring_onto(new.world(&world), new.config.mode, Stamp::of(now));
+            assert!(!w.paused);
+        }
+        // The decision goes on with what it read first.
+        let d = rig.judge.decide_raw(
+            &before,
+            world,
+            SenderKind::Agent,
+            Name::parse("a").unwrap(),
+            br#"{"content":"m4"}"#,
+            FallbackId::default(),
+            now,
+        );
+        assert_eq!(
+            (d.outcome, d.handoff),
+            (Outcome::Approved, None),
+            "{}",
+            d.reason
+        );
     }
 
     /// A reload names the restart-only sections that differ from what
