@@ -442,7 +442,8 @@ impl Judge {
                 let now = Stamp::of(now);
                 let mut w = state::lock(&handle);
                 // Under the lock, as a decision reads them (`decide_raw`).
-                let settings = self.settings();
+                let fresh = self.settings_since(&settings);
+                let settings = fresh.as_ref().unwrap_or(&settings);
                 w.bring_onto(settings.world(&world), settings.config.mode, now);
                 w.touch_agent(&agent, now);
                 self.worlds.weigh(&world, &handle, &w);
