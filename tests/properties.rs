@@ -1,7 +1,9 @@
 //! Property tests over everything hostile input reaches: the subject parser,
 //! the envelope parser, the mention extractor, the normaliser, and the whole
 //! judge (with the contract's rules, and with loopguard's own on too). Whatever comes in, nothing panics and no subject loopguard builds
-//! carries a token outside `[a-z0-9_-]`.
+//! carries a token outside `[a-z0-9_-]`; every copy and event it publishes
+//! is a JSON object with the contract's fields, and a copy keeps the
+//! message's other fields as written.
 
 use std::sync::Arc;
 
@@ -90,6 +92,33 @@ fn payload() -> impl Strategy<Value = Vec<u8>> {
         }),
     ]
 }
+
+/// Any JSON, objects' keys now and then serde_json's own markers (a
+/// payload may write them: they are keys like any other, but the number's).
+fn json_value() -> impl Strategy<Value = serde_json::Value> {
+    use serde_json::Value;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        ".{0,8}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        let key = prop_oneof![
+            3 => "[a-z]{1,6}",
+            1 => Just("$serde_json::private::RawValue".to_string()),
+        ];
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::vec((key, inner), 0..4)
+                .prop_map(|pairs| Value::Object(pairs.into_iter().collect())),
+        ]
+    })
+}
+
+/// The fields of a copy or event, each as written: serde_json's `Value`
+/// would read its markers (above) as they are not meant here.
+type Fields = std::collections::BTreeMap<String, Box<serde_json::value::RawValue>>;
 
 /// A judge with the contract's rules, and with `optional`, loopguard's own
 /// rules on too, set tight enough to reject often.
@@ -211,7 +240,13 @@ proptest! {
 fn the_judge_never_panics_and_only_publishes_on_safe_subjects() {
     let strategy = (
         prop::collection::vec(
-            (token(), token(), content(), proptest::option::of(".{0,8}")),
+            (
+                token(),
+                token(),
+                content(),
+                proptest::option::of(".{0,8}"),
+                json_value(),
+            ),
             1..12,
         ),
         any::<bool>(),
@@ -225,17 +260,68 @@ fn the_judge_never_panics_and_only_publishes_on_safe_subjects() {
     let mut runner = proptest::test_runner::TestRunner::new(config);
     let result = runner.run(&strategy, |(msgs, optional)| {
         let judge = judge(optional);
-        for (kind, name, text, parent) in msgs {
+        for (kind, name, text, parent, extra) in msgs {
             for world in ["w", "other"] {
                 let origin = subjects.parse(&format!("chat.raw.{world}.{kind}.{name}"));
-                let payload = serde_json::json!({"content": text, "parent_id": parent}).to_string();
-                for p in [payload.as_bytes(), text.as_bytes()] {
+                let payload =
+                    serde_json::json!({"content": text, "parent_id": parent, "extra": extra})
+                        .to_string();
+                let extra_written = serde_json::to_string(&extra).unwrap();
+                for (p, structured) in [(payload.as_bytes(), true), (text.as_bytes(), false)] {
                     let decision = judge.decide(origin.clone(), p, envelope::FallbackId::default());
                     for out in decision.iter().flat_map(|d| &d.outbound) {
                         assert_safe_subject(&out.subject);
-                        prop_assert!(
-                            serde_json::from_slice::<serde_json::Value>(&out.payload).is_ok()
-                        );
+                        // JSON, and an object of the contract's fields (§4).
+                        let fields: Fields = serde_json::from_slice(&out.payload)
+                            .map_err(|e| TestCaseError::fail(format!("{e}: {:?}", out.payload)))?;
+                        let wanted: &[&str] = if out.delivery.is_some() {
+                            &[
+                                "id",
+                                "world",
+                                "sender",
+                                "sender_kind",
+                                "content",
+                                "thread_id",
+                                "parent_id",
+                                "depth",
+                                "mentions",
+                                "visibility",
+                                "received_at",
+                            ]
+                        } else {
+                            &[
+                                "id",
+                                "world",
+                                "sender",
+                                "sender_kind",
+                                "decision",
+                                "rule",
+                                "reason",
+                                "depth",
+                                "turn",
+                                "delivered_to",
+                                "observed_at",
+                            ]
+                        };
+                        for key in wanted {
+                            prop_assert!(
+                                fields.contains_key(*key),
+                                "{key} missing: {:?}",
+                                out.payload
+                            );
+                        }
+                        // A message's copy keeps its other fields as written
+                        // (the hand-back notice is loopguard's own).
+                        let notice = out
+                            .msg_id
+                            .as_deref()
+                            .is_some_and(|id| id.ends_with(":notice"));
+                        if structured && out.delivery.is_some() && !notice {
+                            prop_assert_eq!(
+                                fields.get("extra").map(|v| v.get()),
+                                Some(extra_written.as_str())
+                            );
+                        }
                         published.set(published.get() + 1);
                     }
                 }
