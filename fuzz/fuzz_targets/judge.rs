@@ -1,12 +1,15 @@
 //! The whole decision: a hostile subject and payload in, never a panic, and
-//! only subjects made of `[a-z0-9_-]` tokens out.
+//! only subjects made of `[a-z0-9_-]` tokens out, each carrying a JSON
+//! object.
 #![no_main]
+use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
 use loopguard::{
     clock::SystemClock, config::Config, envelope::FallbackId, judge::Judge, metrics::Metrics,
 };
+use serde_json::value::RawValue;
 
 fn judge() -> &'static Judge {
     static JUDGE: OnceLock<Judge> = OnceLock::new();
@@ -34,6 +37,11 @@ fuzz_target!(|data: &[u8]| {
                 "unsafe subject {}",
                 out.subject
             );
+            // Read field by field as written: serde_json's `Value` would read
+            // its own markers, which a payload may hold as keys.
+            let object: Result<BTreeMap<String, Box<RawValue>>, _> =
+                serde_json::from_slice(&out.payload);
+            assert!(object.is_ok(), "not a JSON object on {}: {:?}", out.subject, out.payload);
         }
     }
 });
