@@ -23,8 +23,12 @@ fuzz_target!(|data: &[u8]| {
     // The first line is the subject after "chat.", then after a tab (if
     // any) a `Nats-Msg-Id` header; the rest is the payload.
     let split = data.iter().position(|&b| b == b'\n').unwrap_or(data.len());
-    let Ok(line) = std::str::from_utf8(&data[..split]) else { return };
-    let (tail, header) = line.split_once('\t').map_or((line, None), |(t, h)| (t, Some(h)));
+    let Ok(line) = std::str::from_utf8(&data[..split]) else {
+        return;
+    };
+    let (tail, header) = line
+        .split_once('\t')
+        .map_or((line, None), |(t, h)| (t, Some(h)));
     let payload = data.get(split + 1..).unwrap_or(&[]);
     let judge = judge();
     let origin = judge.subjects().parse(&format!("chat.{tail}"));
@@ -33,7 +37,11 @@ fuzz_target!(|data: &[u8]| {
         for out in &decision.outbound {
             let rest = out.subject.strip_prefix("chat.").expect("prefix");
             assert!(
-                rest.split('.').all(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')),
+                rest.split('.').all(|t| !t.is_empty()
+                    && t.bytes().all(|b| b.is_ascii_lowercase()
+                        || b.is_ascii_digit()
+                        || b == b'_'
+                        || b == b'-')),
                 "unsafe subject {}",
                 out.subject
             );
@@ -41,7 +49,12 @@ fuzz_target!(|data: &[u8]| {
             // its own markers, which a payload may hold as keys.
             let object: Result<BTreeMap<String, Box<RawValue>>, _> =
                 serde_json::from_slice(&out.payload);
-            assert!(object.is_ok(), "not a JSON object on {}: {:?}", out.subject, out.payload);
+            assert!(
+                object.is_ok(),
+                "not a JSON object on {}: {:?}",
+                out.subject,
+                out.payload
+            );
         }
     }
 });
