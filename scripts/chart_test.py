@@ -227,6 +227,16 @@ def main():
     for expected in ['ca_file = "/etc/loopguard/tls/ca.crt"', 'cert_file = "/etc/loopguard/tls/tls.crt"', "required = true"]:
         if expected not in full_toml:
             fail(f"full values: TLS setting {expected!r} missing:\n{full_toml}")
+    # A client certificate from a Secret without a CA: the system's roots
+    # (no ca_file), and loopguard --check takes it.
+    no_ca = by_kind(docs(helm("template", "lg", CHART, "-f", full_values, "--set", "auth.tlsCA=false").stdout),
+                    "ConfigMap")["data"]["loopguard.toml"]
+    if "ca_file" in no_ca or 'cert_file = "/etc/loopguard/tls/tls.crt"' not in no_ca:
+        fail(f"auth.tlsCA=false: expected a client certificate and no ca_file:\n{no_ca}")
+    p = loopguard_check(no_ca.replace("/etc/loopguard/tls/", stand_ins + "/"))
+    if p.returncode != 0:
+        fail(f"auth.tlsCA=false: rendered TOML rejected by loopguard --check: {p.stderr}")
+    ok("auth.tlsCA=false: a client certificate with the system's roots, no ca_file")
 
     # 3b. control characters in a string are escaped as TOML reads them
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
@@ -272,6 +282,8 @@ def main():
                 "networkPolicy.egressPorts={4222,4222}",
                 # a client certificate needs the Secret it comes from; a pull secret needs a name
                 "auth.tlsClientCertificate=true", "imagePullSecrets[0].nam=regcred",
+                # no CA and no client certificate: a tls:// URL does that, without a Secret
+                "auth.tlsSecret=tls,auth.tlsCA=false", "auth.tlsCA=no",
                 # a bare word that is no level (loopguard reads it as a target and logs nothing else)
                 "config.log.level=warning", "config.log.level=info\\,async_nats",
                 # a directive whose level is none (the filter is refused at start)
@@ -289,6 +301,7 @@ def main():
                  "serviceMonitor.interval=500ms", "global.imageRegistry=registry.example", "enabled=true",
                  "terminationGraceExtraSeconds=4", "config.http.address=::",
                  "config.rules.turns.max=4294967295", "auth.tlsClientCertificate=true,auth.tlsSecret=tls",
+                 "auth.tlsClientCertificate=true,auth.tlsSecret=tls,auth.tlsCA=false",
                  "imagePullSecrets[0].name=regcred", "prometheusRule.sharedAlerts=false",
                  "networkPolicy.enabled=true",
                  "networkPolicy.enabled=true,networkPolicy.egressTo[0].ipBlock.cidr=10.0.0.0/8",

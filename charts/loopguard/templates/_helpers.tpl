@@ -95,7 +95,10 @@ credentials_file = "/etc/loopguard/nats/nats.creds"
 
 [nats.tls]
 required = true
+{{- /* Absent from values reused from a chart before 0.12.0: the CA. */}}
+{{- if ne .Values.auth.tlsCA false }}
 ca_file = "/etc/loopguard/tls/ca.crt"
+{{- end }}
 {{- if .Values.auth.tlsClientCertificate }}
 cert_file = "/etc/loopguard/tls/tls.crt"
 key_file = "/etc/loopguard/tls/tls.key"
