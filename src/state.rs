@@ -458,6 +458,9 @@ impl WorldState {
                 extras.word_sets = VecDeque::new();
             }
         }
+        if settings.rules.duplicate.window_seconds == 0 {
+            self.contents = Contents::default();
+        }
         self.settings = settings.clone();
         true
     }
@@ -998,6 +1001,10 @@ impl Contents {
     /// `window` then (they can never match again), and the oldest beyond
     /// [`MAX_DUPLICATE_WINDOW`].
     fn push(&mut self, at: Stamp, hash: u64, window: Duration) {
+        if window.is_zero() {
+            // The rule is off: nothing is kept for it to count later.
+            return;
+        }
         // Every window of times is oldest first (`seen` and `count_since`
         // rely on it).
         debug_assert!(
@@ -1142,7 +1149,11 @@ impl WorldState {
             (now, speaker_key(kind, speaker)),
             MAX_ACTIVITY,
         );
-        if concludes {
+        // A conclusion starts afresh when the world is open or a human
+        // concludes; an agent's or system's conclusion in a concluded world
+        // ("thanks everyone, that's all" in a reply) is one more message
+        // since the conclusion, and takes no allowance left to others.
+        if concludes && (kind == SenderKind::Human || !self.concluded) {
             // "@bob thanks everyone": concluded, and bob may still answer.
             self.concluded = true;
             let allowed = &mut self.extras_mut().mentioned;
@@ -2242,17 +2253,21 @@ mod tests {
         );
     }
 
-    /// As for the speakers: a budget or `similar` turned off forgets its
-    /// window, so turned on again it does not count approvals from before
-    /// (and miss those made meanwhile), and the world gives the memory back.
+    /// As for the speakers: a budget, `similar` or `duplicate` turned off
+    /// forgets its window, so turned on again it does not count approvals
+    /// from before (and miss those made meanwhile), and the world gives the
+    /// memory back.
     #[test]
-    fn budget_and_similar_history_is_kept_only_while_the_rule_is_on() {
+    fn budget_similar_and_duplicate_history_is_kept_only_while_the_rule_is_on() {
         let on = with_rules(|r| {
             r.budget.max = 100;
             r.similar.threshold = 0.8;
             r.turns.max = 0;
         });
-        let off = with_rules(|r| r.turns.max = 0);
+        let off = with_rules(|r| {
+            r.turns.max = 0;
+            r.duplicate.window_seconds = 0;
+        });
         let t0 = Stamp::of(Instant::now());
         let mut w = WorldState::new(on.clone(), Duration::from_secs(60), t0);
         for i in 0..5 {
@@ -2262,14 +2277,20 @@ mod tests {
         let window = Duration::from_secs(600);
         assert_eq!(w.agent_approvals_within(t0, window), 5);
         assert_eq!(w.recent_words(t0, window).count(), 5);
+        assert!(w.seen_content(0, t0, window));
         let before = w.footprint();
         w.apply_settings(&off, t0);
         assert_eq!(w.agent_approvals_within(t0, window), 0);
         assert_eq!(w.recent_words(t0, window).count(), 0);
+        assert!(!w.seen_content(0, t0, window));
         assert!(w.footprint() < before, "{} of {before}", w.footprint());
-        w.apply_settings(&on, t0);
+        // Approved while off: recorded for none of them.
         approve_agent(&mut w, &name("a"), "5", 10, true, t0);
+        w.apply_settings(&on, t0);
+        assert!(!w.seen_content(0, t0, window), "approved while off");
+        approve_agent(&mut w, &name("a"), "6", 10, true, t0);
         assert_eq!(w.agent_approvals_within(t0, window), 1);
+        assert!(w.seen_content(0, t0, window));
     }
 
     /// A long name is its own allocation in each speaker entry (each
@@ -2865,6 +2886,51 @@ mod tests {
         assert!(w.may_reply_after_conclusion(&bob));
         w.observe_conversation(SenderKind::Agent, &bob, false, &[], t0);
         assert!(!w.may_reply_after_conclusion(&bob), "its reply is used");
+    }
+
+    /// "@bob @carol thanks everyone", then bob's "thanks everyone, that's
+    /// all": carol may still reply once; a human's conclusion starts afresh.
+    #[test]
+    fn a_concluding_reply_leaves_the_others_their_replies() {
+        let (mut w, t0) = world(&[]);
+        let (a, bob, carol, dave) = (name("a"), name("bob"), name("carol"), name("dave"));
+        w.observe_conversation(
+            SenderKind::Agent,
+            &a,
+            true,
+            &[bob.clone(), carol.clone()],
+            t0,
+        );
+        w.observe_conversation(
+            SenderKind::Agent,
+            &bob,
+            true,
+            std::slice::from_ref(&dave),
+            t0,
+        );
+        assert!(!w.may_reply_after_conclusion(&bob), "its reply is used");
+        assert!(
+            w.may_reply_after_conclusion(&carol),
+            "carol's reply is left"
+        );
+        assert!(
+            w.may_reply_after_conclusion(&dave),
+            "dave was mentioned since"
+        );
+        w.observe_conversation(
+            SenderKind::Human,
+            &name("hank"),
+            true,
+            std::slice::from_ref(&bob),
+            t0,
+        );
+        assert!(w.is_concluded());
+        assert!(
+            w.may_reply_after_conclusion(&bob),
+            "a human concludes afresh"
+        );
+        assert!(!w.may_reply_after_conclusion(&carol));
+        assert!(!w.may_reply_after_conclusion(&dave));
     }
 
     #[test]
