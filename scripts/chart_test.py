@@ -368,10 +368,17 @@ def main():
     p = helm("template", "lg", CHART, "-f", full_values, "--set", "prometheusRule.sharedAlerts=false")
     if [g["name"] for g in by_kind(docs(p.stdout), "PrometheusRule")["spec"]["groups"]] != ["loopguard-release"]:
         fail("with prometheusRule.sharedAlerts=false the PrometheusRule still has alerts.yml's groups")
-    # Scaled to 0 on purpose: no alert at all (LoopguardAbsent would page).
+    # Scaled to 0 on purpose: the shared alerts but LoopguardAbsent (it
+    # would page), which other releases may have left to this one; no
+    # absence alert of the release's own.
     p = helm("template", "lg", CHART, "-f", full_values, "--set", "replicaCount=0")
+    scaled = by_kind(docs(p.stdout), "PrometheusRule")["spec"]["groups"]
+    kept = [dict(g, rules=[r for r in g["rules"] if r.get("alert") != "LoopguardAbsent"]) for g in alerts["groups"]]
+    if kept == alerts["groups"] or scaled != kept:
+        fail(f"with replicaCount=0 the PrometheusRule is not alerts.yml without LoopguardAbsent: {[g['name'] for g in scaled]}")
+    p = helm("template", "lg", CHART, "-f", full_values, "--set", "replicaCount=0,prometheusRule.sharedAlerts=false")
     if any(m["kind"] == "PrometheusRule" for m in docs(p.stdout)):
-        fail("with replicaCount=0 a PrometheusRule is rendered")
+        fail("with replicaCount=0 and sharedAlerts=false a PrometheusRule is rendered")
     # files/alerts.yml is a link: a copy of the chart that lost it fails
     # with a reason, rather than rendering a PrometheusRule with no alert.
     with tempfile.TemporaryDirectory() as tmp:
@@ -391,7 +398,7 @@ def main():
         if p.returncode != 0:
             fail(f"a chart without its alerts file failed to render the release's own alert alone: {p.stderr}")
     ok("LoopguardReleaseAbsent fires for this release alone, only with a ServiceMonitor and a replica; "
-       "sharedAlerts and replicaCount=0 leave alerts.yml out; a lost alerts file fails the render")
+       "sharedAlerts=false leaves alerts.yml out, replicaCount=0 LoopguardAbsent; a lost alerts file fails the render")
     monitor = by_kind(rendered["full"][1], "ServiceMonitor")
     if monitor["spec"]["endpoints"][0]["port"] != "http" or monitor["spec"]["endpoints"][0]["path"] != "/metrics":
         fail(f"ServiceMonitor does not scrape http /metrics: {monitor['spec']}")
@@ -476,8 +483,21 @@ def main():
     if "Prometheus cannot scrape" not in notes("networkPolicy.enabled=true") or \
             "Prometheus cannot scrape" in notes("networkPolicy.enabled=true", "networkPolicy.ingressFrom[0].ipBlock.cidr=10.0.0.0/8"):
         fail("the install notes do not warn (only) when the NetworkPolicy lets no one reach the metrics")
+    # Alerts that cannot fire: rules without the ServiceMonitor's job label,
+    # or rules a label-selecting Prometheus would not load.
+    rules_on = "prometheusRule.enabled=true"
+    if "must set job=\"loopguard\"" not in notes(rules_on) or \
+            "must set job=\"loopguard\"" in notes(rules_on, "serviceMonitor.enabled=true") or \
+            "must set job=\"loopguard\"" in notes(rules_on, "prometheusRule.sharedAlerts=false"):
+        fail("the install notes do not warn (only) when the alerts read a job label no ServiceMonitor sets")
+    monitored = ("serviceMonitor.enabled=true", "serviceMonitor.labels.release=kps")
+    if "load none of its alerts" not in notes(rules_on, *monitored) or \
+            "load none of its alerts" in notes(rules_on, *monitored, "prometheusRule.labels.release=kps") or \
+            "load none of its alerts" in notes(*monitored):
+        fail("the install notes do not warn (only) when the PrometheusRule lacks the labels the ServiceMonitor has")
     ok("NetworkPolicy: none by default; the HTTP port from the peers named, out to NATS's ports and DNS only when peers are named; "
-       "a nats.url port left out refused; peers and ports schema-checked; the notes warn when no one may scrape")
+       "a nats.url port left out refused; peers and ports schema-checked; the notes warn when no one may scrape, "
+       "when the alerts' job label has no ServiceMonitor and when the rules lack the monitor's labels")
 
     config_sum = lambda *sets: by_kind(docs(helm("template", "lg", CHART, *[a for s in sets for a in ("--set", s)]).stdout), "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     if config_sum() == config_sum("config.rules.turns.max=5"):
