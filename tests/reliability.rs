@@ -1268,6 +1268,98 @@ async fn messages_held_back_longer_than_ack_wait_are_not_delivered_again() {
     assert_eq!(stream_messages(&js, "EGRESS").await, N as u64);
 }
 
+/// A message's `ack_wait` runs from its delivery, its wait in a worker's
+/// queue included. Here the worker holds back as many messages as it may
+/// behind its world's policy request, so the next one (an agent's) waits in
+/// its queue for about three quarters of `ack_wait` (6 s), then asks the
+/// policy service itself, which takes 4 s to answer. Told in progress only
+/// a third of `ack_wait` after it asked (as until 2026-11-24), its
+/// `ack_wait` ran out first and the server delivered it again; told at once,
+/// it is not.
+#[tokio::test]
+async fn a_message_that_queued_most_of_ack_wait_is_told_in_progress_at_once() {
+    const N: usize = loopguard::ingest::MAX_PARKED + 2;
+    let nats = NatsServer::start_jetstream();
+    let (client, js) = connect(&nats).await;
+    egress_stream(&js).await;
+    // The first question waits for `open`; later ones take 4 s each.
+    let mut requests = within("subscribe", client.subscribe("policy.check"))
+        .await
+        .unwrap();
+    within("subscribed", client.flush()).await.unwrap();
+    let (open, mut opened) = tokio::sync::oneshot::channel::<()>();
+    let answering = client.clone();
+    tokio::spawn(async move {
+        let Some(first) = requests.next().await.and_then(|m| m.reply) else {
+            return;
+        };
+        let _ = (&mut opened).await;
+        let _ = answering
+            .publish(first, r#"{"decision":"approve"}"#.into())
+            .await;
+        while let Some(reply) = requests.next().await.and_then(|m| m.reply) {
+            let answering = answering.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                let _ = answering
+                    .publish(reply, r#"{"decision":"approve"}"#.into())
+                    .await;
+            });
+        }
+    });
+    // The pull's deliveries, as loopguard gets them (its inbox): the most
+    // times one message was delivered.
+    let mut deliveries = within("subscribe", client.subscribe("_INBOX.>"))
+        .await
+        .unwrap();
+    within("subscribed", client.flush()).await.unwrap();
+    let most = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counting = (most.clone(), js.clone());
+    tokio::spawn(async move {
+        while let Some(m) = deliveries.next().await {
+            if m.reply.as_ref().is_some_and(|r| r.starts_with("$JS.ACK.")) {
+                let m = jetstream::Message {
+                    message: m,
+                    context: counting.1.clone(),
+                };
+                let info = m.info().expect("a delivery's reply subject");
+                counting
+                    .0
+                    .fetch_max(info.delivered as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
+    let lg = Loopguard::spawn(&nats.url(), &held_policy_config(45, 6));
+    lg.until_ready().await;
+    // An agent's message asks, humans' fill what the worker may hold back
+    // behind it, and the last, an agent's, waits in the worker's queue.
+    publish_each(&js, 0..N, |i| match i {
+        0 => "chat.raw.w0.agent.a1".to_owned(),
+        i if i == N - 1 => "chat.raw.w0.agent.a2".to_owned(),
+        _ => "chat.raw.w0.human.h1".to_owned(),
+    })
+    .await;
+    until_delivered(&js, N).await;
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    let _ = open.send(());
+    // The last question is answered 4 s after it is asked: past the
+    // `ack_wait` of the message's delivery.
+    until_stream_holds(&js, "EGRESS", N as u64, &lg).await;
+    until_ingest_acknowledged(&js, &lg).await;
+    assert_eq!(
+        most.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "a message was delivered again"
+    );
+    let addr = lg.http_addr().await;
+    let scrape = support::Scrape::take(&addr).await;
+    assert_eq!(
+        scrape.get("loopguard_policy_requests_total", &[("outcome", "approve")]),
+        2.0,
+        "both agents' messages were asked about, once each"
+    );
+}
+
 #[tokio::test]
 async fn the_consumer_s_counts_follow_its_backlog_and_go_while_unknown() {
     const MESSAGES: usize = 100;

@@ -795,6 +795,7 @@ pub async fn run<E: From<JetStreamError>>(
                 key: (generation, sequence),
                 seen,
                 stable_id: format!("{stream}-{sequence}"),
+                received: std::time::Instant::now(),
             };
             dispatcher.dispatch(message, Some(delivery)).await;
         };

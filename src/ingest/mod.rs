@@ -141,6 +141,10 @@ pub struct Delivery {
     /// Stands in for the id of a message that has none, so reprocessing
     /// yields the same ids.
     pub stable_id: String,
+    /// When the intake read it: its `ack_wait` runs from about then, queued
+    /// for a worker included, so it is told in progress a period after
+    /// this, not a period after it is held (see [`Worker::handle`]).
+    pub received: Instant,
 }
 
 /// One ingress message on its way to a worker.
@@ -397,13 +401,16 @@ impl Worker {
                 if let Some(d) = &work.delivery {
                     self.held_keys.insert(d.key);
                 }
-                waiting.push_back(work);
-                if self.parked_len == 0 {
-                    // The first held: told at the end of a full period.
-                    if let Some(every) = self.in_progress_every {
-                        self.in_progress_due = Instant::now() + every;
+                if let (Some(every), Some(d)) = (self.in_progress_every, &work.delivery) {
+                    // Told a period after the intake read it: at once if
+                    // it waited that long in the queue, and the others
+                    // held with it then too.
+                    let due = d.received + every;
+                    if self.parked_len == 0 || due < self.in_progress_due {
+                        self.in_progress_due = due;
                     }
                 }
+                waiting.push_back(work);
                 self.parked_len += 1;
                 return;
             }
@@ -564,7 +571,7 @@ impl Worker {
     /// is decided before this message's effects are recorded. A JetStream
     /// message says it is in progress while it waits: first when the
     /// messages held back would have (`held`: it was one of them, last
-    /// told up to a period ago), else a period from now.
+    /// told up to a period ago), else a period after the intake read it.
     fn ask(
         &mut self,
         decision: Box<Decision>,
@@ -580,14 +587,15 @@ impl Worker {
         }
         let publisher = self.publisher.clone();
         let grace_over = self.grace_over.clone();
-        let told = self.in_progress_every.map(|every| match held {
-            true => (
-                self.in_progress_due
-                    .saturating_duration_since(Instant::now()),
-                every,
-            ),
-            false => (every, every),
-        });
+        let due = match (held, &delivery) {
+            (true, _) => Some(self.in_progress_due),
+            (false, Some(d)) => self.in_progress_every.map(|every| d.received + every),
+            (false, None) => None,
+        };
+        let told = self
+            .in_progress_every
+            .zip(due)
+            .map(|(every, due)| (due.saturating_duration_since(Instant::now()), every));
         let replay = self.replay.clone();
         self.asking.push(Box::pin(async move {
             let started = Instant::now();
