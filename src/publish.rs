@@ -295,16 +295,20 @@ impl Publisher {
             };
         }
         let asked = Instant::now();
-        let request = self
-            .client
-            .request(check.subject.clone(), check.request.clone());
+        // Its only timeout is `timeout_ms`, not also the client's 10 s
+        // (which cut short the longer one a debug build's test may give:
+        // fault::policy_timeout); the client's bounds JetStream's calls.
+        let request = self.client.send_request(
+            check.subject.clone(),
+            async_nats::Request::new()
+                .payload(check.request.clone())
+                .timeout(None),
+        );
         let reply = match tokio::time::timeout(check.timeout, request).await {
             Ok(Ok(reply)) => Ok(reply),
             Ok(Err(e)) if e.kind() != RequestErrorKind::TimedOut => {
                 Err((PolicyFailure::Error, e.to_string()))
             }
-            // Or the client's own request timeout (10 s), which the longest
-            // `timeout_ms` may meet.
             _ => Err((
                 PolicyFailure::Timeout,
                 format!("no answer within {} ms", check.timeout.as_millis()),
