@@ -6,6 +6,10 @@ CARGO ?= cargo
 # line) uses a nats-server of your own: scripts/deps.sh, the demo, the
 # tests, the benchmarks and the PGO build all look at it.
 DEMO_LOG ?= target/demo-loopguard.log
+# bash with pipefail: `make bench` pipes each benchmark through tee, and a
+# benchmark that fails must fail the target, not leave a partial report.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 
 .PHONY: all build test test-alerts test-chart test-compose test-examples test-fuzz-build py-deps ts-deps go-agent demo release bench memory deps test-deps bench-deps lint fmt clean
 

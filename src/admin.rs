@@ -248,7 +248,7 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
                     let reply = tokio::task::spawn_blocking(move || {
                         let _permit = permit;
                         #[cfg(debug_assertions)]
-                        crate::fault::slow_handler();
+                        crate::fault::hold_handler();
                         handle(&admin, req)
                     })
                     .await

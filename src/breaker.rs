@@ -33,6 +33,14 @@ pub const TRIP_AFTER: u32 = 5;
 /// How long a subject rests once tripped.
 pub const REST: Duration = Duration::from_secs(5);
 
+/// [`REST`] (in debug builds, a test may lengthen it: `fault::breaker_rest`).
+fn rest() -> Duration {
+    #[cfg(debug_assertions)]
+    return crate::fault::breaker_rest(REST);
+    #[cfg(not(debug_assertions))]
+    REST
+}
+
 /// One breaker per policy subject (a world may name its own service).
 #[derive(Debug, Default)]
 pub struct Breakers {
@@ -58,7 +66,7 @@ struct Breaker {
 impl Breaker {
     /// Whether a trip's rest lasts at `now`.
     fn rests(&self, now: Instant) -> bool {
-        self.tripped.is_some() && self.last_timeout + REST > now
+        self.tripped.is_some() && self.last_timeout + rest() > now
     }
 
     /// The last timeout tripped the subject for some world (`resting`:
@@ -68,7 +76,7 @@ impl Breaker {
             tracing::warn!(
                 subject,
                 timeouts = self.timeouts,
-                rest_seconds = REST.as_secs(),
+                rest_seconds = rest().as_secs(),
                 "policy service does not answer; not asking it for a while (rules.policy.fail applies)"
             );
         }
@@ -105,7 +113,7 @@ impl Breakers {
         }
         let mut by_subject = self.lock();
         let breaker = by_subject.get_mut(subject)?;
-        let until = breaker.last_timeout + REST;
+        let until = breaker.last_timeout + rest();
         if until <= now || breaker.timeouts < trip_after {
             return None;
         }

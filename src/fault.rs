@@ -44,13 +44,26 @@ pub fn policy_timeout(configured: Duration) -> Duration {
     }
 }
 
-/// Holds up every HTTP request but the probes for
-/// `LOOPGUARD_TEST_SLOW_HANDLER_MS`, on its blocking thread, as a scrape of
-/// many worlds would.
-pub fn slow_handler() {
-    static SLOW: OnceLock<Option<Duration>> = OnceLock::new();
-    if let Some(slow) = millis(&SLOW, "LOOPGUARD_TEST_SLOW_HANDLER_MS") {
-        std::thread::sleep(slow);
+/// How long a tripped policy subject rests: `breaker::REST`, or
+/// `LOOPGUARD_TEST_BREAKER_REST_MS` when set, so that a test of the rest
+/// does not race its 5 s on a loaded machine.
+pub fn breaker_rest(rest: Duration) -> Duration {
+    static REST: OnceLock<Option<Duration>> = OnceLock::new();
+    millis(&REST, "LOOPGUARD_TEST_BREAKER_REST_MS").unwrap_or(rest)
+}
+
+/// Holds up every HTTP request but the probes, on its blocking thread, as a
+/// scrape of many worlds would, until the file `LOOPGUARD_TEST_HOLD_HANDLERS`
+/// names exists (at most a minute), and says so in the log: a test then
+/// knows how many handlers run, whatever the machine's pace.
+pub fn hold_handler() {
+    let Some(release) = std::env::var_os("LOOPGUARD_TEST_HOLD_HANDLERS") else {
+        return;
+    };
+    tracing::warn!("test fault: handler held");
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while !std::path::Path::new(&release).exists() && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

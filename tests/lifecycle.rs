@@ -366,10 +366,11 @@ async fn the_grace_period_bounds_a_drain_that_cannot_finish() {
         "waited out the grace period: {took:?}"
     );
     // And no longer than it, plus the at most 3 s the hand-back takes and
-    // room for a loaded machine: a drain the grace period did not bound
-    // would run to `within`'s 60 s.
+    // wide room for a loaded machine (the log lines above say the period
+    // ended it): a drain the grace period did not bound would run to
+    // `within`'s 60 s.
     assert!(
-        took < std::time::Duration::from_secs(15),
+        took < std::time::Duration::from_secs(40),
         "the grace period bounded the drain: {took:?}"
     );
 }
@@ -588,6 +589,7 @@ async fn a_refused_policy_request_under_the_prefix_is_logged_not_counted_as_a_dr
     let client = support::connect_as(nats, "t").await;
     let mut transcript = client.subscribe("chat.public.w").await.unwrap();
     within("subscribed", client.flush()).await.unwrap();
+    let first = std::time::Instant::now();
     client
         .publish("chat.raw.w.agent.a", "hello".into())
         .await
@@ -640,8 +642,16 @@ async fn a_refused_policy_request_under_the_prefix_is_logged_not_counted_as_a_dr
     })
     .await;
     let logs = lg.logs();
-    let lines = logs.matches("the server refused a publish loopguard needs");
-    assert_eq!(lines.count(), 1, "{logs}");
+    let lines = logs
+        .matches("the server refused a publish loopguard needs")
+        .count() as u64;
+    // Where each had its own, four lines; one a ten seconds' period (so
+    // one, unless the machine took that long).
+    let most = first.elapsed().as_secs() / 10 + 1;
+    assert!(
+        lines <= most.min(3),
+        "{lines} lines, at most {most}\n{logs}"
+    );
 }
 
 /// A JetStream set-up call the server's permissions refuse (here the

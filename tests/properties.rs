@@ -160,25 +160,6 @@ proptest! {
     }
 
     #[test]
-    fn subject_parsing_yields_only_valid_names(a in token(), b in token(), c in token(), d in token(), verb in prop_oneof![Just("raw"), Just("join"), Just("x")]) {
-        let subjects = Subjects::new("chat");
-        let subject = format!("chat.{verb}.{a}.{b}.{c}.{d}");
-        for s in [subject.as_str(), &format!("chat.{verb}.{a}.{b}.{c}"), &format!("chat.{verb}.{a}.{b}")] {
-            match subjects.parse(s) {
-                Origin::Raw { world, sender, .. } => {
-                    assert_safe_subject(&subjects.public(&world));
-                    assert_safe_subject(&subjects.private(&world, &sender));
-                }
-                Origin::Join { world, agent } => assert_safe_subject(&subjects.private(&world, &agent)),
-                Origin::Invalid { world, sender, .. } => {
-                    prop_assert!(sender.chars().count() <= 64);
-                    if let Some(w) = world { assert_safe_subject(&subjects.events(&w)); }
-                }
-            }
-        }
-    }
-
-    #[test]
     fn the_envelope_parser_never_panics(bytes in payload(), header in proptest::option::of(".{0,20}"), max in 0usize..400) {
         let fallback = header.as_deref().map(envelope::FallbackId::header).unwrap_or_default();
         let parsed = envelope::parse(&bytes, fallback, max);
@@ -210,15 +191,6 @@ proptest! {
     }
 
     #[test]
-    fn mention_tokens_are_always_names(text in content()) {
-        let scan = mentions::scan(&text);
-        for t in scan.leading.iter().chain(scan.inline.iter()) {
-            let name = Name::parse(t);
-            prop_assert!(name.is_ok(), "token {:?} from {:?}", t, text);
-        }
-    }
-
-    #[test]
     fn leading_and_inline_mentions_read_apart_are_the_scans(text in content()) {
         // Routing reads the two kinds apart, the inline ones for humans only.
         let scan = mentions::scan(&text);
@@ -231,6 +203,92 @@ proptest! {
         let once = normalize::normalize(&text);
         prop_assert_eq!(normalize::normalize(&once), once);
     }
+}
+
+/// Run by hand rather than in `proptest!`, to check after the last case that
+/// each kind of origin came up: a parser that made every subject invalid
+/// would pass the checks of the other two.
+#[test]
+fn subject_parsing_yields_only_valid_names() {
+    let strategy = (
+        token(),
+        token(),
+        token(),
+        token(),
+        prop_oneof![Just("raw"), Just("join"), Just("x")],
+    );
+    let config = ProptestConfig {
+        source_file: Some(file!()),
+        ..ProptestConfig::default()
+    };
+    let subjects = Subjects::new("chat");
+    let seen = std::cell::Cell::new([0usize; 3]);
+    let count = |i: usize| {
+        let mut n = seen.get();
+        n[i] += 1;
+        seen.set(n);
+    };
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    let result = runner.run(&strategy, |(a, b, c, d, verb)| {
+        let subject = format!("chat.{verb}.{a}.{b}.{c}.{d}");
+        for s in [
+            subject.as_str(),
+            &format!("chat.{verb}.{a}.{b}.{c}"),
+            &format!("chat.{verb}.{a}.{b}"),
+        ] {
+            match subjects.parse(s) {
+                Origin::Raw { world, sender, .. } => {
+                    count(0);
+                    assert_safe_subject(&subjects.public(&world));
+                    assert_safe_subject(&subjects.private(&world, &sender));
+                }
+                Origin::Join { world, agent } => {
+                    count(1);
+                    assert_safe_subject(&subjects.private(&world, &agent));
+                }
+                Origin::Invalid { world, sender, .. } => {
+                    count(2);
+                    prop_assert!(sender.chars().count() <= 64);
+                    if let Some(w) = world {
+                        assert_safe_subject(&subjects.events(&w));
+                    }
+                }
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let [raw, join, invalid] = seen.get();
+    assert!(
+        raw > 0 && join > 0 && invalid > 0,
+        "raw {raw}, join {join}, invalid {invalid}"
+    );
+}
+
+/// By hand, like the one above: the cases found mentions at all.
+#[test]
+fn mention_tokens_are_always_names() {
+    let config = ProptestConfig {
+        source_file: Some(file!()),
+        ..ProptestConfig::default()
+    };
+    let tokens = std::cell::Cell::new(0usize);
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    let result = runner.run(&content(), |text| {
+        let scan = mentions::scan(&text);
+        for t in scan.leading.iter().chain(scan.inline.iter()) {
+            tokens.set(tokens.get() + 1);
+            let name = Name::parse(t);
+            prop_assert!(name.is_ok(), "token {:?} from {:?}", t, text);
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    assert!(tokens.get() > 0, "no case had a mention");
 }
 
 /// Run by hand rather than in `proptest!`, to check after the last case that
