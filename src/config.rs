@@ -1545,14 +1545,22 @@ fn merge_rules(
         merge_json(&mut merged, patch);
         serde_json::from_value::<RulesConfig>(merged)
     };
+    // TOML's nan and inf become null in JSON, which the merge would pass
+    // over, leaving the global value in force unseen.
+    let mut leaves = Vec::new();
+    leaves_of(patch, &mut Vec::new(), &mut leaves);
+    if let Some((path, _)) = leaves.iter().find(|(_, value)| value.is_null()) {
+        return Err((
+            Some(path.join(".")),
+            "must be a finite number, not nan or inf".into(),
+        ));
+    }
     let whole = match read(patch) {
         Ok(rules) => return Ok(rules),
         Err(e) => e.to_string(),
     };
     // Only on an error: each key the section sets, alone over the global
     // rules, until one fails.
-    let mut leaves = Vec::new();
-    leaves_of(patch, &mut Vec::new(), &mut leaves);
     for (path, value) in leaves {
         let alone = path.iter().rev().fold(value.clone(), |inner, key| {
             serde_json::Value::Object(serde_json::Map::from_iter([(key.clone(), inner)]))
@@ -1630,7 +1638,12 @@ type EnvOverrides = (Vec<(String, String)>, Vec<(String, Vec<String>)>);
 pub fn environment() -> Result<Vec<(String, String)>, ConfigError> {
     let mut vars = Vec::new();
     for (var, value) in std::env::vars_os() {
-        if !var.as_encoded_bytes().starts_with(b"LOOPGUARD") {
+        let name = var.as_encoded_bytes();
+        let ours = name.starts_with(b"LOOPGUARD")
+            || name
+                .get(..ENV_PREFIX.len())
+                .is_some_and(|p| p.eq_ignore_ascii_case(ENV_PREFIX.as_bytes()));
+        if !ours {
             continue;
         }
         match (var.into_string(), value.into_string()) {
@@ -1659,7 +1672,25 @@ fn env_overrides(
     known: &BTreeMap<String, Leaf>,
 ) -> Result<EnvOverrides, ConfigError> {
     let (mut kept, mut lists) = (Vec::new(), Vec::new());
+    // The variable that set each key: names differ only in case past the
+    // prefix, so two may name one key, and which won would be chance.
+    let mut setting: HashMap<String, String> = HashMap::new();
     for (var, value) in env {
+        let other_case = !var.starts_with("LOOPGUARD")
+            && var
+                .get(..ENV_PREFIX.len())
+                .is_some_and(|p| p.eq_ignore_ascii_case(ENV_PREFIX));
+        if other_case {
+            // `environment` passes `loopguard__…` on, so that it is not
+            // ignored unseen.
+            return Err(ConfigError::Env {
+                message: format!(
+                    "settings take capitals, as in {ENV_PREFIX}{}",
+                    var[ENV_PREFIX.len()..].to_ascii_uppercase()
+                ),
+                var,
+            });
+        }
         if !var.starts_with(ENV_PREFIX) {
             if var.starts_with("LOOPGUARD_") && var.contains("__") {
                 return Err(ConfigError::Env {
@@ -1695,6 +1726,12 @@ fn env_overrides(
                 message:
                     "per-world sections cannot be set from the environment; use the config file"
                         .into(),
+            });
+        }
+        if let Some(other) = setting.insert(key.clone(), var.clone()) {
+            return Err(ConfigError::Env {
+                message: format!("sets `{key}`, as {other} does: set it once"),
+                var,
             });
         }
         match known.get(&key) {
@@ -1817,8 +1854,8 @@ fn check_kinds(
                 continue
             }
             (Leaf::Number, kind) => ("a number", shown(kind)),
-            (Leaf::Integer, kind) => match integer_shown(kind, from_env) {
-                Some(shown) => ("a whole number", shown),
+            (Leaf::Integer, kind) => match integer_refused(kind, from_env) {
+                Some(message) => return Err(refuse(key, message)),
                 None => continue,
             },
             (Leaf::Value | Leaf::List, _) => continue,
@@ -1840,22 +1877,35 @@ fn check_kinds(
 fn shown(kind: config::ValueKind) -> String {
     match kind {
         config::ValueKind::String(s) => format!("{s:?}"),
+        // `5.0` as `5.0`, not `5` (the crate's own display).
+        config::ValueKind::Float(f) => format!("{f:?}"),
         other => other.to_string(),
     }
 }
 
-/// How an error names what an integer key holds; none if it is a whole
-/// number (from a variable, its digits).
-fn integer_shown(kind: config::ValueKind, from_env: bool) -> Option<String> {
-    let shown = match kind {
-        config::ValueKind::I64(_)
-        | config::ValueKind::I128(_)
-        | config::ValueKind::U64(_)
-        | config::ValueKind::U128(_) => return None,
-        config::ValueKind::String(s) if from_env && s.parse::<i128>().is_ok() => return None,
-        other => shown(other),
+/// Why what an integer key holds is refused; none if it is a whole number
+/// of 0 or more (from a variable, its digits). Every integer key is
+/// unsigned; one past `u32` for a `u32` key is left to the reading's error.
+fn integer_refused(kind: config::ValueKind, from_env: bool) -> Option<String> {
+    let whole = |n: i128| {
+        if n < 0 {
+            Some(format!("must be 0 or more, not {n}"))
+        } else if n > i128::from(u64::MAX) {
+            Some(format!("{n} is too large for this key"))
+        } else {
+            None
+        }
     };
-    Some(shown)
+    match kind {
+        config::ValueKind::I64(n) => whole(n.into()),
+        config::ValueKind::I128(n) => whole(n),
+        config::ValueKind::U64(_) => None,
+        config::ValueKind::U128(n) => whole(i128::try_from(n).unwrap_or(i128::MAX)),
+        config::ValueKind::String(s) if from_env && s.parse::<i128>().is_ok() => {
+            whole(s.parse().unwrap_or_default())
+        }
+        other => Some(format!("must be a whole number, not {}", shown(other))),
+    }
 }
 
 /// What a config key holds.
@@ -2012,6 +2062,95 @@ mod tests {
 
     fn error_of(toml: &str, env: &[(&str, &str)]) -> String {
         load_toml(toml, env).unwrap_err().to_string()
+    }
+
+    /// Found by review: two variables for one key (names differ in case
+    /// past the prefix) resolved by hash order, and a lowercase prefix was
+    /// ignored unseen.
+    #[test]
+    fn one_key_is_set_by_one_variable_whose_prefix_is_in_capitals() {
+        let twice = error_of(
+            "",
+            &[
+                ("LOOPGUARD__RULES__RATE__MAX", "5"),
+                ("LOOPGUARD__Rules__Rate__Max", "0"),
+            ],
+        );
+        assert!(
+            twice.contains("LOOPGUARD__Rules__Rate__Max")
+                && twice.contains("as LOOPGUARD__RULES__RATE__MAX does"),
+            "{twice}"
+        );
+        let lists = error_of(
+            "",
+            &[
+                ("LOOPGUARD__CONVERSATION__CONCLUSION_PHRASES", "[\"a\"]"),
+                ("LOOPGUARD__conversation__conclusion_phrases", "[\"b\"]"),
+            ],
+        );
+        assert!(lists.contains("set it once"), "{lists}");
+        let lower = error_of("", &[("loopguard__rules__turns__max", "3")]);
+        assert!(
+            lower.contains("loopguard__rules__turns__max")
+                && lower.contains("LOOPGUARD__RULES__TURNS__MAX"),
+            "{lower}"
+        );
+        // Other variables that are not loopguard's settings pass.
+        load_toml("", &[("loopguard_home", "x"), ("LOOP", "y")]).unwrap();
+    }
+
+    /// Found by review: TOML's nan and inf became JSON's null in a world's
+    /// rules, which the merge passed over, keeping the global value.
+    #[test]
+    fn a_world_s_rule_that_is_nan_or_inf_is_refused() {
+        for (toml, key) in [
+            (
+                "[worlds.w]\nrules.turns.max = inf\n",
+                "worlds.w.rules.turns.max",
+            ),
+            (
+                "[worlds.w.rules.similar]\nthreshold = nan\n",
+                "worlds.w.rules.similar.threshold",
+            ),
+        ] {
+            let e = error_of(toml, &[]);
+            assert!(e.contains(key) && e.contains("nan or inf"), "{e}");
+        }
+    }
+
+    /// A refused number as written, and why: `5.0` not `5`, a negative one
+    /// as negative (from a variable too, which was an unnamed type error).
+    #[test]
+    fn a_refused_whole_number_is_named_as_written() {
+        /// (config file, environment, what the message must say)
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+        let cases: [Case; 5] = [
+            (
+                "[rules.turns]\nmax = 5.0\n",
+                &[],
+                "must be a whole number, not 5.0",
+            ),
+            ("[rules.turns]\nmax = 1e3\n", &[], "not 1000.0"),
+            (
+                "[rules.turns]\nmax = -1\n",
+                &[],
+                "must be 0 or more, not -1",
+            ),
+            (
+                "",
+                &[("LOOPGUARD__RULES__TURNS__MAX", "-1")],
+                "LOOPGUARD__RULES__TURNS__MAX: `rules.turns.max` must be 0 or more, not -1",
+            ),
+            (
+                "",
+                &[("LOOPGUARD__STATE__MAX_WORLDS", "99999999999999999999")],
+                "99999999999999999999 is too large",
+            ),
+        ];
+        for (toml, env, wanted) in cases {
+            let e = error_of(toml, env);
+            assert!(e.contains(wanted), "{e}");
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The `loopguard` binary: parse flags, load and validate the configuration
 //! before touching the network, then run until SIGTERM or SIGINT.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -14,8 +15,9 @@ const EXIT_CONFIG: u8 = 2;
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// TOML configuration file; without one the built-in defaults apply.
-    #[arg(long, env = "LOOPGUARD_CONFIG", value_name = "PATH")]
+    /// TOML configuration file (else the file LOOPGUARD_CONFIG names);
+    /// without one the built-in defaults apply.
+    #[arg(long, value_name = "PATH")]
     config: Option<PathBuf>,
     /// Validate the configuration, print the outcome, and exit (0 valid, 2 not).
     #[arg(long)]
@@ -57,7 +59,20 @@ fn init_format(log: &loopguard::config::LogConfig, filter: tracing_subscriber::E
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.config.is_none() {
+        // Read here rather than by clap, whose error for an empty one names
+        // `--config`, which the user did not give.
+        match std::env::var_os("LOOPGUARD_CONFIG") {
+            Some(path) if path.is_empty() => {
+                eprintln!(
+                    "loopguard: invalid configuration: LOOPGUARD_CONFIG is set but empty: give the file's path, or unset it for the defaults"
+                );
+                return ExitCode::from(EXIT_CONFIG);
+            }
+            path => args.config = path.map(PathBuf::from),
+        }
+    }
     // Read before the file is: the watch applies any change from here on.
     let stamp = args
         .config
@@ -73,7 +88,9 @@ fn main() -> ExitCode {
         }
     };
     if args.check {
-        println!("loopguard: configuration OK");
+        // The exit code is the outcome: an unwritable output (`> /dev/full`)
+        // does not change it (println! would panic, exit 101).
+        let _ = writeln!(std::io::stdout(), "loopguard: configuration OK");
         return ExitCode::SUCCESS;
     }
 

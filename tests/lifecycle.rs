@@ -48,6 +48,42 @@ fn check_accepts_the_shipped_config_and_the_defaults() {
     assert_eq!(code, 0, "{text}");
 }
 
+/// `LOOPGUARD_CONFIG` names the file `--config` does not; set but empty, it
+/// is refused naming itself (clap's error named `--config`, not given), and
+/// `--check` exits 0 or 2 even when its output cannot be written (it
+/// panicked, exit 101).
+#[test]
+fn loopguard_config_names_the_file_and_check_exits_0_or_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "mode = \"loud\"\n").unwrap();
+    let bad = bad.to_str().unwrap();
+    let (code, text) = run(&["--check"], &[("LOOPGUARD_CONFIG", bad)], None);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("mode"), "{text}");
+    let (code, text) = run(&["--check"], &[("LOOPGUARD_CONFIG", "")], None);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("LOOPGUARD_CONFIG is set but empty"), "{text}");
+    // The flag wins over the variable, empty or not.
+    let (code, text) = run(
+        &["--check"],
+        &[("LOOPGUARD_CONFIG", "")],
+        Some("mode = \"observe\"\n"),
+    );
+    assert_eq!(code, 0, "{text}");
+    let (code, text) = run(&["--check"], &[("LOOPGUARD_CONFIG", bad)], Some(""));
+    assert_eq!(code, 0, "{text}");
+    let mut full = Command::new(env!("CARGO_BIN_EXE_loopguard"));
+    support::clear_loopguard_env(&mut full);
+    let status = full
+        .arg("--check")
+        .stdout(std::fs::File::create("/dev/full").unwrap())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
 #[test]
 fn check_and_start_up_exit_2_naming_the_key() {
     /// (config file, environment, what the message must name)
