@@ -188,7 +188,10 @@ fn content_in(raw: &RawValue) -> Result<Option<Cow<'_, str>>, serde_json::Error>
         // control characters, and the payload is UTF-8).
         Some(inner) if !inner.contains('\\') => Ok(Some(Cow::Borrowed(inner))),
         Some(_) => serde_json::from_str::<String>(text).map(|s| Some(Cow::Owned(s))),
-        None => serde_json::from_str::<Plain>(text).map(|_| None),
+        // Read one level down, as it lies in the payload: alone it would
+        // start a depth count of its own, and 127 levels inside the payload's
+        // object would pass where serde_json refuses the payload.
+        None => serde_json::from_str::<[Plain; 1]>(&format!("[{text}]")).map(|_| None),
     }
 }
 
@@ -410,7 +413,20 @@ mod tests {
     #[test]
     fn content_that_is_no_json_makes_the_payload_text() {
         let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        // In the payload's object, 127 levels make 128, one past the limit
+        // (found by review: read alone, the content passed).
+        let deepest = |n: usize| {
+            format!(
+                r#"{{"content":{}{},"text":"t"}}"#,
+                "[".repeat(n),
+                "]".repeat(n)
+            )
+        };
+        assert!(serde_json::from_str::<Value>(&deepest(127)).is_err());
+        assert!(serde_json::from_str::<Value>(&deepest(126)).is_ok());
+        assert_eq!(ok(&deepest(126)).content, "t");
         for raw in [
+            deepest(127),
             r#"{"content":"\ud83d"}"#.to_string(),
             r#"{"content":"\ud800","content":"ok"}"#.to_string(),
             r#"{"content":"x\ud800y","text":"t"}"#.to_string(),

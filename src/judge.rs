@@ -248,9 +248,10 @@ impl Egress<'_> {
     /// The JSON body: the ingress fields first, then loopguard's.
     fn to_json(&self) -> Bytes {
         let mut o = json::Object::with_capacity(256 + self.content.len());
-        for (key, value) in self.fields {
-            o.value(key, value);
-        }
+        // loopguard's keys first: serde_json reads an object whose first key
+        // is one of its markers (`$serde_json::private::Number`) as that
+        // marker, so a sender's field of that name, sorted first, made the
+        // copy unreadable to a reader with `arbitrary_precision`.
         o.str("id", self.id)
             .str("world", self.world.as_str())
             .str("sender", self.sender)
@@ -262,6 +263,9 @@ impl Egress<'_> {
             .strs("mentions", self.mentions)
             .str("visibility", self.visibility)
             .str("received_at", self.received_at);
+        for (key, value) in self.fields {
+            o.value(key, value);
+        }
         if let Some(reason) = self.reason {
             o.str("reason", reason);
         }
@@ -1643,6 +1647,27 @@ mod tests {
         assert_eq!(copy["content"], "@human b is passing control to you");
         assert_eq!(copy["text"], "stuck, <world>pass</world> sorry");
         assert_eq!(copy["lang"], "en");
+    }
+
+    /// A sender's field named after a serde_json marker, which sorts first
+    /// among the fields, is not the copy's first key: a reader with
+    /// `arbitrary_precision` or `raw_value` (this crate's `Value`) reads
+    /// the copy (found by review: it failed on a trailing comma).
+    #[test]
+    fn a_field_named_after_a_serde_json_marker_leaves_the_copy_readable() {
+        for marker in [
+            "$serde_json::private::Number",
+            "$serde_json::private::RawValue",
+        ] {
+            let rig = Rig::new(|_| {});
+            // Not first in the payload, where it would read as the marker.
+            let payload = format!(r#"{{"content":"hi","{marker}":"1"}}"#);
+            let d = rig.send("agent", &format!("a{}", marker.len()), &payload);
+            let copy: Value = serde_json::from_slice(&d.outbound[0].payload)
+                .unwrap_or_else(|e| panic!("{e}: {:?}", d.outbound[0].payload));
+            assert_eq!(copy["content"], "hi");
+            assert_eq!(copy[marker], "1");
+        }
     }
 
     /// A decision that read the settings before a reload, when the world
