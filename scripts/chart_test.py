@@ -515,6 +515,9 @@ def main():
     if not before or before == after:
         fail(f"the secret checksum did not change with the secret: {before} {after}")
     # The notes name the image that runs, and say when none does.
+    if "no alert fires" not in notes("replicaCount=0", "prometheusRule.enabled=true") or \
+            "no alert fires" in notes("replicaCount=0", "prometheusRule.enabled=true", "prometheusRule.sharedAlerts=false"):
+        fail("the install notes do not say (only) when a release scaled to 0 keeps the shared alerts without LoopguardAbsent")
     if not notes("image.tag=9.9.9").startswith("loopguard 9.9.9 is judging") or "no loopguard runs" not in notes("replicaCount=0"):
         fail(f"the install notes do not name the image's tag, or say nothing of replicaCount 0: {notes('replicaCount=0')}")
     # The schema refuses a password in the URL; past it, the notes still hide it.

@@ -1,5 +1,6 @@
 //! Fault injection for the tests of what follows a bug or a stall, in debug
-//! builds only. Each fault reads one `LOOPGUARD_TEST_*` variable, once.
+//! builds only. Each fault reads one `LOOPGUARD_TEST_*` variable (once,
+//! but for the gates, read each time they are met).
 
 use std::sync::OnceLock;
 use std::time::Duration;

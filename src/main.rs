@@ -65,9 +65,7 @@ fn main() -> ExitCode {
         // `--config`, which the user did not give.
         match std::env::var_os("LOOPGUARD_CONFIG") {
             Some(path) if path.is_empty() => {
-                eprintln!(
-                    "loopguard: invalid configuration: LOOPGUARD_CONFIG is set but empty: give the file's path, or unset it for the defaults"
-                );
+                refuse(&"LOOPGUARD_CONFIG is set but empty: give the file's path, or unset it for the defaults");
                 return ExitCode::from(EXIT_CONFIG);
             }
             path => args.config = path.map(PathBuf::from),
@@ -83,7 +81,7 @@ fn main() -> ExitCode {
     let settings = match loaded {
         Ok(settings) => settings,
         Err(e) => {
-            eprintln!("loopguard: invalid configuration: {e}");
+            refuse(&e);
             return ExitCode::from(EXIT_CONFIG);
         }
     };
@@ -173,6 +171,12 @@ fn main() -> ExitCode {
 /// Tells why loopguard ends: a log line in the configured format (JSON
 /// lines stay JSON), and a plain line on standard error only where the log
 /// would not show it (`log.level` above `error`, e.g. `off`).
+/// Says why the configuration cannot be used, on standard error; one that
+/// cannot be written does not change the exit code (eprintln! would panic).
+fn refuse(why: &dyn std::fmt::Display) {
+    let _ = writeln!(std::io::stderr(), "loopguard: invalid configuration: {why}");
+}
+
 fn fatal(what: &str, e: &dyn std::fmt::Display) {
     tracing::error!(error = %e, "{what}");
     if !tracing::enabled!(tracing::Level::ERROR) {

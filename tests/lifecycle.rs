@@ -73,15 +73,20 @@ fn loopguard_config_names_the_file_and_check_exits_0_or_2() {
     assert_eq!(code, 0, "{text}");
     let (code, text) = run(&["--check"], &[("LOOPGUARD_CONFIG", bad)], Some(""));
     assert_eq!(code, 0, "{text}");
-    let mut full = Command::new(env!("CARGO_BIN_EXE_loopguard"));
-    support::clear_loopguard_env(&mut full);
-    let status = full
-        .arg("--check")
-        .stdout(std::fs::File::create("/dev/full").unwrap())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert_eq!(status.code(), Some(0));
+    let full = |args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_loopguard"));
+        support::clear_loopguard_env(&mut cmd);
+        cmd.args(args)
+            .envs(env.iter().copied())
+            .stdout(std::fs::File::create("/dev/full").unwrap())
+            .stderr(std::fs::File::create("/dev/full").unwrap())
+            .status()
+            .unwrap()
+            .code()
+    };
+    assert_eq!(full(&["--check"], &[]), Some(0));
+    assert_eq!(full(&["--check", "--config", bad], &[]), Some(2));
+    assert_eq!(full(&["--check"], &[("LOOPGUARD_CONFIG", "")]), Some(2));
 }
 
 #[test]

@@ -219,7 +219,7 @@ fn subject_parsing_yields_only_valid_names() {
     );
     let config = ProptestConfig {
         source_file: Some(file!()),
-        ..ProptestConfig::default()
+        ..ProptestConfig::with_cases(512)
     };
     let subjects = Subjects::new("chat");
     let seen = std::cell::Cell::new([0usize; 3]);
@@ -272,7 +272,7 @@ fn subject_parsing_yields_only_valid_names() {
 fn mention_tokens_are_always_names() {
     let config = ProptestConfig {
         source_file: Some(file!()),
-        ..ProptestConfig::default()
+        ..ProptestConfig::with_cases(512)
     };
     let tokens = std::cell::Cell::new(0usize);
     let mut runner = proptest::test_runner::TestRunner::new(config);

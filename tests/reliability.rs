@@ -1277,18 +1277,18 @@ async fn messages_held_back_longer_than_ack_wait_are_not_delivered_again() {
 /// A message's `ack_wait` runs from its delivery, its wait in a worker's
 /// queue included. Here the worker holds back as many messages as it may
 /// behind its world's policy request, so the next one (an agent's) waits in
-/// its queue for four fifths of `ack_wait` (15 s), then asks the policy
-/// service itself, which takes 6 s to answer. Told in progress only a third
+/// its queue for four fifths of `ack_wait` (30 s), then asks the policy
+/// service itself, which takes 9 s to answer. Told in progress only a third
 /// of `ack_wait` after it asked (as until 2026-11-24), its `ack_wait` ran out
-/// 2 s before that and the server delivered it again; told at once, it is
-/// not, with 3 s for the worker to reach it.
+/// 4 s before that and the server delivered it again; told at once, it is
+/// not, with 6 s for the worker to reach it.
 #[tokio::test]
 async fn a_message_that_queued_most_of_ack_wait_is_told_in_progress_at_once() {
     const N: usize = loopguard::ingest::MAX_PARKED + 2;
     let nats = NatsServer::start_jetstream();
     let (client, js) = connect(&nats).await;
     egress_stream(&js).await;
-    // The first question waits for `open`; later ones take 6 s each.
+    // The first question waits for `open`; later ones take 9 s each.
     let mut requests = within("subscribe", client.subscribe("policy.check"))
         .await
         .unwrap();
@@ -1306,7 +1306,7 @@ async fn a_message_that_queued_most_of_ack_wait_is_told_in_progress_at_once() {
         while let Some(reply) = requests.next().await.and_then(|m| m.reply) {
             let answering = answering.clone();
             tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_secs(6)).await;
+                tokio::time::sleep(Duration::from_secs(9)).await;
                 let _ = answering
                     .publish(reply, r#"{"decision":"approve"}"#.into())
                     .await;
@@ -1335,7 +1335,7 @@ async fn a_message_that_queued_most_of_ack_wait_is_told_in_progress_at_once() {
             }
         }
     });
-    let lg = Loopguard::spawn(&nats.url(), &held_policy_config(45, 15));
+    let lg = Loopguard::spawn(&nats.url(), &held_policy_config(45, 30));
     lg.until_ready().await;
     // An agent's message asks, humans' fill what the worker may hold back
     // behind it, and the last, an agent's, waits in the worker's queue.
@@ -1346,9 +1346,9 @@ async fn a_message_that_queued_most_of_ack_wait_is_told_in_progress_at_once() {
     })
     .await;
     until_delivered(&js, N).await;
-    tokio::time::sleep(Duration::from_secs(12)).await;
+    tokio::time::sleep(Duration::from_secs(24)).await;
     let _ = open.send(());
-    // The last question is answered 6 s after it is asked: past the
+    // The last question is answered 9 s after it is asked: past the
     // `ack_wait` of the message's delivery.
     until_stream_holds(&js, "EGRESS", N as u64, &lg).await;
     until_ingest_acknowledged(&js, &lg).await;

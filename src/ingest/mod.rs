@@ -141,9 +141,10 @@ pub struct Delivery {
     /// Stands in for the id of a message that has none, so reprocessing
     /// yields the same ids.
     pub stable_id: String,
-    /// When the intake read it: its `ack_wait` runs from about then, queued
-    /// for a worker included, so it is told in progress a period after
-    /// this, not a period after it is held (see [`Worker::handle`]).
+    /// When the intake read it: its `ack_wait` runs from then (or earlier,
+    /// when it waited in the pull's buffer), queued for a worker included,
+    /// so it is told in progress a period after this, not a period after it
+    /// is held (see [`Worker::handle`]).
     pub received: Instant,
 }
 
