@@ -1098,11 +1098,11 @@ mod tests {
     use std::sync::Mutex;
     use std::time::{Duration, SystemTime};
 
-    /// The egress body as serde's derive wrote it before `json::Object`.
+    /// The egress body as serde's derive wrote it before `json::Object`
+    /// (with the message's other fields after loopguard's, since
+    /// 2026-11-24).
     #[derive(Serialize)]
     struct DerivedEgress<'a> {
-        #[serde(flatten)]
-        fields: &'a Map<String, Value>,
         id: &'a str,
         world: &'a Name,
         sender: &'a str,
@@ -1114,6 +1114,8 @@ mod tests {
         mentions: &'a [Name],
         visibility: &'static str,
         received_at: &'a str,
+        #[serde(flatten)]
+        fields: &'a Map<String, Value>,
         #[serde(skip_serializing_if = "Option::is_none")]
         reason: Option<&'static str>,
     }
