@@ -6,6 +6,10 @@ CARGO ?= cargo
 # line) uses a nats-server of your own: scripts/deps.sh, the demo, the
 # tests, the benchmarks and the PGO build all look at it.
 DEMO_LOG ?= target/demo-loopguard.log
+# The demo, the example tests, the benchmarks and the PGO build run binaries
+# from target/: a CARGO_TARGET_DIR of the caller's would build them elsewhere
+# and leave those scripts a stale binary, or none.
+export CARGO_TARGET_DIR := $(CURDIR)/target
 # bash with pipefail: `make bench` pipes each benchmark through tee, and a
 # benchmark that fails must fail the target, not leave a partial report.
 SHELL := /bin/bash
@@ -80,7 +84,7 @@ GO_AGENT := target/go-agent
 GO_ENV := GOFLAGS= GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE=$(abspath target/go-cache)
 go-agent: test-deps
 	cd examples/go && test -z "$$(gofmt -l .)" || { gofmt -l . >&2; echo "gofmt: the files above are not formatted" >&2; exit 1; }
-	cd examples/go && $(GO_ENV) go vet . && $(GO_ENV) go build -o $(abspath $(GO_AGENT)) .
+	cd examples/go && $(GO_ENV) go vet . && $(GO_ENV) go test . && $(GO_ENV) go build -o $(abspath $(GO_AGENT)) .
 
 # The TypeScript example's packages, as its lock file pins them.
 ts-deps: test-deps examples/typescript/node_modules/.installed

@@ -9,7 +9,16 @@ log=${DEMO_LOG:-target/demo-loopguard.log}
 nats=${NATS_SERVER:-$(command -v nats-server || echo /usr/sbin/nats-server)}
 run=$(mktemp -d)
 nats_pid='' lg_pid=''
-trap 'kill $lg_pid $nats_pid 2>/dev/null || true; rm -rf "$run"' EXIT
+# loopguard first, waited for: with its server gone first, it would wait out
+# its grace period, running on after the demo ended. Both run in sessions of
+# their own, so that Ctrl-C reaches the script (and the demo agents) alone
+# and they stop here, in this order.
+stop() {
+    if [ -n "$lg_pid" ]; then kill -TERM "$lg_pid" 2>/dev/null || true; wait "$lg_pid" 2>/dev/null || true; fi
+    if [ -n "$nats_pid" ]; then kill "$nats_pid" 2>/dev/null || true; wait "$nats_pid" 2>/dev/null || true; fi
+    rm -rf "$run"
+}
+trap stop EXIT
 trap 'exit 130' INT TERM
 
 # Waits (10 s at most) for the command to print something, and prints it.
@@ -32,7 +41,7 @@ for name in $(compgen -e); do
     case $name in LOOPGUARD*) unset "$name" ;; esac
 done
 
-"$nats" -a 127.0.0.1 -p -1 --ports_file_dir "$run" 2>"$run/nats.log" &
+setsid "$nats" -a 127.0.0.1 -p -1 --ports_file_dir "$run" 2>"$run/nats.log" &
 nats_pid=$!
 # Its ports file, named after its executable: the only one in $run.
 ports_url() { sed -n 's/.*"nats":\["\([^"]*\)".*/\1/p' "$run"/*.ports; }
@@ -41,7 +50,7 @@ nats_url=$(wait_for nats-server $nats_pid ports_url) \
 
 LOOPGUARD__NATS__URL=$nats_url LOOPGUARD__HTTP__LISTEN=127.0.0.1:0 \
     LOOPGUARD__LOG__FORMAT=text RUST_LOG=info \
-    target/debug/loopguard 2>"$log" &
+    setsid target/debug/loopguard 2>"$log" &
 lg_pid=$!
 http=$(wait_for loopguard $lg_pid \
     sed -n 's/.*http listening.*addr=\([0-9.:]*\).*/\1/p' "$log") \

@@ -36,13 +36,39 @@ const joinEvery = 10 * time.Minute
 // Message is what loopguard delivers (docs/CONTRACT.md §4); fields this
 // agent does not read are left out.
 type Message struct {
-	ID         string `json:"id"`
-	Content    string `json:"content"`
-	Sender     string `json:"sender"`
-	SenderKind string `json:"sender_kind"`
-	ThreadID   string `json:"thread_id"`
-	Depth      int    `json:"depth"`
-	Visibility string `json:"visibility"`
+	ID         string
+	Content    string
+	Sender     string
+	SenderKind string
+	ThreadID   string
+	Depth      int
+	Visibility string
+}
+
+// UnmarshalJSON reads loopguard's keys exactly as named. encoding/json
+// matches keys in any case, and a copy keeps the sender's other fields as
+// written, so a human's "ID" or "Content" would stand in for loopguard's.
+func (m *Message) UnmarshalJSON(data []byte) error {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(data, &fields); err != nil {
+		return err
+	}
+	for key, into := range map[string]any{
+		"id":          &m.ID,
+		"content":     &m.Content,
+		"sender":      &m.Sender,
+		"sender_kind": &m.SenderKind,
+		"thread_id":   &m.ThreadID,
+		"depth":       &m.Depth,
+		"visibility":  &m.Visibility,
+	} {
+		if raw, ok := fields[key]; ok {
+			if err := json.Unmarshal(raw, into); err != nil {
+				return fmt.Errorf("%s: %w", key, err)
+			}
+		}
+	}
+	return nil
 }
 
 // Reply is what the agent publishes: its content, and the message it
