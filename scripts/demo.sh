@@ -14,12 +14,16 @@ nats_pid='' lg_pid=''
 # their own, so that Ctrl-C reaches the script (and the demo agents) alone
 # and they stop here, in this order.
 stop() {
+    # A second Ctrl-C (or the terminal closing) must not cut this short:
+    # the children, in their own sessions, would be left running.
+    trap '' INT TERM HUP
     if [ -n "$lg_pid" ]; then kill -TERM "$lg_pid" 2>/dev/null || true; wait "$lg_pid" 2>/dev/null || true; fi
     if [ -n "$nats_pid" ]; then kill "$nats_pid" 2>/dev/null || true; wait "$nats_pid" 2>/dev/null || true; fi
     rm -rf "$run"
 }
 trap stop EXIT
 trap 'exit 130' INT TERM
+trap 'exit 129' HUP
 
 # Waits (10 s at most) for the command to print something, and prints it.
 wait_for() {

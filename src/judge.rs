@@ -245,7 +245,7 @@ struct Egress<'a> {
 }
 
 impl Egress<'_> {
-    /// The JSON body: the ingress fields first, then loopguard's.
+    /// The JSON body: loopguard's fields first, then the ingress ones.
     fn to_json(&self) -> Bytes {
         let mut o = json::Object::with_capacity(256 + self.content.len());
         // loopguard's keys first: serde_json reads an object whose first key
@@ -1651,10 +1651,11 @@ mod tests {
         assert_eq!(copy["lang"], "en");
     }
 
-    /// A sender's field named after a serde_json marker, which sorts first
-    /// among the fields, is not the copy's first key: a reader with
-    /// `arbitrary_precision` or `raw_value` (this crate's `Value`) reads
-    /// the copy (found by review: it failed on a trailing comma).
+    /// A sender's top-level field named after a serde_json marker, which
+    /// sorts first among the fields, is not the copy's first key: a reader
+    /// with `arbitrary_precision` or `raw_value` (this crate's `Value`)
+    /// reads the copy (found by review: it failed on a trailing comma). A
+    /// nested object led by one is the sender's own to write (§9).
     #[test]
     fn a_field_named_after_a_serde_json_marker_leaves_the_copy_readable() {
         for marker in [

@@ -168,18 +168,19 @@ fn main() -> ExitCode {
     }
 }
 
-/// Tells why loopguard ends: a log line in the configured format (JSON
-/// lines stay JSON), and a plain line on standard error only where the log
-/// would not show it (`log.level` above `error`, e.g. `off`).
 /// Says why the configuration cannot be used, on standard error; one that
 /// cannot be written does not change the exit code (eprintln! would panic).
 fn refuse(why: &dyn std::fmt::Display) {
     let _ = writeln!(std::io::stderr(), "loopguard: invalid configuration: {why}");
 }
 
+/// Tells why loopguard ends: a log line in the configured format (JSON
+/// lines stay JSON), and a plain line on standard error only where the log
+/// would not show it (`log.level` above `error`, e.g. `off`); as for
+/// [`refuse`], an unwritable standard error does not change the exit code.
 fn fatal(what: &str, e: &dyn std::fmt::Display) {
     tracing::error!(error = %e, "{what}");
     if !tracing::enabled!(tracing::Level::ERROR) {
-        eprintln!("loopguard: {what}: {e}");
+        let _ = writeln!(std::io::stderr(), "loopguard: {what}: {e}");
     }
 }
