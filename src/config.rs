@@ -1901,10 +1901,14 @@ fn integer_refused(kind: config::ValueKind, from_env: bool) -> Option<String> {
         config::ValueKind::I128(n) => whole(n),
         config::ValueKind::U64(_) => None,
         config::ValueKind::U128(n) => whole(i128::try_from(n).unwrap_or(i128::MAX)),
-        config::ValueKind::String(s) if from_env && s.parse::<i128>().is_ok() => {
-            whole(s.parse().unwrap_or_default())
+        other => match &other {
+            config::ValueKind::String(s) if from_env => s.parse::<i128>().ok(),
+            _ => None,
         }
-        other => Some(format!("must be a whole number, not {}", shown(other))),
+        .map_or_else(
+            || Some(format!("must be a whole number, not {}", shown(other))),
+            whole,
+        ),
     }
 }
 
