@@ -579,7 +579,7 @@ fn world_view(admin: &Admin, raw: &str) -> Reply {
             if w.bring_onto(settings.world(&world), settings.config.mode, now) {
                 // Weighed again, as a message would have it: newly listed
                 // agents may have grown it.
-                admin.judge.worlds().weigh(&world, &handle, &w);
+                admin.judge.worlds().weigh_if_held(&world, &handle, &w);
             }
             show(&w)
         }

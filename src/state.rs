@@ -440,7 +440,10 @@ impl WorldState {
             for agent in self.agents.values_mut() {
                 let over = agent.approvals.len().saturating_sub(keep);
                 agent.approvals.drain(..over);
-                agent.approvals.shrink_to(keep);
+                // To the power of two `footprint` counts: trimmed to `keep`
+                // exactly, a deque raised again would double from there,
+                // to past what it counts (found by review).
+                agent.approvals.shrink_to((keep + 1).next_power_of_two());
             }
         }
         // A rule turned off keeps no history: turned on again, it counts
@@ -1633,23 +1636,50 @@ impl Worlds {
     /// looked up can still be the least recently used. One worker decides
     /// all of a world's messages, so no newer state of it exists.
     pub fn weigh(&self, name: &Name, world: &WorldHandle, state: &WorldState) {
-        let bytes = state.footprint() + CACHE_ENTRY_BYTES + name_bytes(name);
-        let bytes = bytes + bytes / ALLOCATOR_ROUNDING;
-        let held = world.weight.load(Ordering::Relaxed) as usize;
-        let weight = (bytes > held || bytes < held / 2).then(|| {
-            u32::try_from(bytes + bytes / 4)
-                .unwrap_or(u32::MAX)
-                .clamp(self.least_weight, self.most_weight.max(self.least_weight))
-        });
-        match weight {
-            Some(weight) if weight as usize != held => {
+        match self.new_weight(name, world, state) {
+            Some(weight) => {
                 world.weight.store(weight, Ordering::Relaxed);
                 // Same world, new weight (and back in, if it was evicted
                 // meanwhile: it is in use).
                 self.cache.insert(name.clone(), world.clone());
             }
-            _ => self.put_back(name, world),
+            None => self.put_back(name, world),
         }
+    }
+
+    /// Weighs `world` again, as [`Worlds::weigh`], for a caller that is not
+    /// its worker (the admin API's view): only while the cache still holds
+    /// it. Evicted meanwhile, a message may have made the world anew, whose
+    /// state a put back would replace with this older one.
+    pub fn weigh_if_held(&self, name: &Name, world: &WorldHandle, state: &WorldState) {
+        let Some(weight) = self.new_weight(name, world, state) else {
+            return;
+        };
+        self.cache
+            .entry_by_ref(name)
+            .and_compute_with(|entry| match entry {
+                Some(e) if Arc::ptr_eq(e.value(), world) => {
+                    world.weight.store(weight, Ordering::Relaxed);
+                    moka::ops::compute::Op::Put(world.clone())
+                }
+                _ => moka::ops::compute::Op::Nop,
+            });
+    }
+
+    /// The weight `world` should take for `state`, when it is not its
+    /// weight now: it outgrew it or shrank to half of it (then weighed a
+    /// quarter ahead).
+    fn new_weight(&self, name: &Name, world: &WorldHandle, state: &WorldState) -> Option<u32> {
+        let bytes = state.footprint() + CACHE_ENTRY_BYTES + name_bytes(name);
+        let bytes = bytes + bytes / ALLOCATOR_ROUNDING;
+        let held = world.weight.load(Ordering::Relaxed) as usize;
+        (bytes > held || bytes < held / 2)
+            .then(|| {
+                u32::try_from(bytes + bytes / 4)
+                    .unwrap_or(u32::MAX)
+                    .clamp(self.least_weight, self.most_weight.max(self.least_weight))
+            })
+            .filter(|&weight| weight as usize != held)
     }
 
     /// Puts `world` in the cache again if it is not there (evicted while
@@ -2177,6 +2207,19 @@ mod tests {
         assert!(agents
             .iter()
             .all(|a| w.agent(a).unwrap().approvals.len() == 10));
+        // Lowered to one short of a power of two, then raised: the times'
+        // room stays what the footprint counts (it doubled from 63 to 252).
+        w.apply_settings(&with_rate(63), t0);
+        w.apply_settings(&with_rate(127), t0);
+        for (i, agent) in agents.iter().enumerate() {
+            for j in 0..200 {
+                approve_agent(&mut w, agent, &format!("again-{i}-{j}"), 127, false, t0);
+            }
+        }
+        for agent in &agents {
+            let room = w.agent(agent).unwrap().approvals.capacity();
+            assert!(room <= 128, "{room}");
+        }
     }
 
     #[test]
@@ -2661,6 +2704,40 @@ mod tests {
             &worlds.get(&name("waiting"), now).unwrap(),
             &waiting
         ));
+    }
+
+    /// The admin view's weighing puts no world back: one evicted meanwhile
+    /// may have been made anew by a message, which it would replace with
+    /// the older state (found by review). A world held is weighed anew.
+    #[test]
+    fn a_view_weighs_a_world_only_while_it_is_held() {
+        let (settings, worlds) = worlds_with(|c| {
+            c.state.max_bytes = 16 << 20;
+            c.state.max_worlds = 10_000;
+        });
+        let now = Instant::now();
+        let grow = |state: &mut WorldState| {
+            for i in 0..1000 {
+                state.touch_agent(&name(&format!("{}-{i}", "a".repeat(50))), Stamp::of(now));
+            }
+        };
+        let w = name("viewed");
+        let viewed = worlds.get_or_create(&w, &settings.default_world, now);
+        worlds.cache.invalidate(&w); // evicted, as by another thread
+        let anew = worlds.get_or_create(&w, &settings.default_world, now);
+        lock(&anew).turns = 4;
+        // The view's world grew (newly listed agents), so is weighed anew.
+        grow(&mut lock(&viewed));
+        worlds.weigh_if_held(&w, &viewed, &lock(&viewed));
+        let held = worlds.get(&w, now).expect("the new one held");
+        assert!(Arc::ptr_eq(&held, &anew), "the old state put back");
+        assert_eq!(lock(&held).turns, 4);
+        // Held, it is weighed anew.
+        let before = anew.weight.load(Ordering::Relaxed);
+        grow(&mut lock(&anew));
+        worlds.weigh_if_held(&w, &anew, &lock(&anew));
+        assert!(anew.weight.load(Ordering::Relaxed) > before);
+        assert!(Arc::ptr_eq(&worlds.get(&w, now).unwrap(), &anew));
     }
 
     #[test]
