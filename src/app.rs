@@ -45,7 +45,7 @@ pub enum AppError {
     #[error("a worker stopped: {0}; its worlds' messages can no longer be decided")]
     Worker(String),
     /// A failure above, whose drain the grace period then cut short.
-    #[error("{0} (the grace period ran out before the rest was drained)")]
+    #[error("{0} (the grace period ran out with messages left undecided)")]
     Unfinished(String),
 }
 
@@ -248,10 +248,14 @@ pub async fn run(
         (Intake::Core(raw, join), confirmed)
     };
     readiness.subscribed(client.clone(), confirmed);
-    tracing::info!(
-        raw = %subjects.raw_wildcard(), join = %subjects.join_wildcard(),
-        mode = ?config.mode, jetstream = jetstream.enabled, "subscribed"
-    );
+    if confirmed.is_some() || admin::connects(&client) > 0 {
+        // (Not after a signal that came while NATS was never reached: the
+        // subscriptions were only asked for.)
+        tracing::info!(
+            raw = %subjects.raw_wildcard(), join = %subjects.join_wildcard(),
+            mode = ?config.mode, jetstream = jetstream.enabled, "subscribed"
+        );
+    }
 
     // With one runtime thread, two workers still let one world's slow
     // publish overlap another's decision; with more threads, one per thread.

@@ -62,11 +62,14 @@ pub const MIN_STATE_BYTES: u64 = 16 << 20;
 pub fn heaviest_parts(settings: &Settings) -> usize {
     let max_payload = settings.config.limits.max_payload_bytes;
     let largest_copy = crate::judge::largest_output(max_payload);
+    // Each entry's body, and its inbox list: a broadcast to a full roster
+    // of the longest names.
+    let inboxes = MAX_AGENTS * (size_of::<Name>() + name_bytes_at_most());
     let context = settings
         .config
         .state
         .context_messages
-        .saturating_mul(largest_copy.saturating_mul(2));
+        .saturating_mul(largest_copy.saturating_mul(2).saturating_add(inboxes));
     let latest_long = max_payload.saturating_mul(2);
     let approval_times = std::iter::once(&settings.default_world)
         .chain(settings.worlds.values())
@@ -1243,11 +1246,16 @@ pub struct ContextEntry {
 
 impl ContextEntry {
     /// What the entry holds beyond its own size: the body (shared with the
-    /// published copies, and kept alive by the entry) and the inbox list.
+    /// published copies, and kept alive by the entry) and the inbox list,
+    /// with its names' text (shared with the roster while they are on it,
+    /// but held here alone once roster churn let them go: found by review).
     /// The body is counted twice: it was built in a growing buffer, whose
     /// spare room (less than its length) stays with it.
     fn bytes(&self) -> usize {
-        2 * self.body.len() + self.inboxes.capacity() * size_of::<Name>()
+        2 * self.body.len()
+            + self.inboxes.capacity() * size_of::<Name>()
+            + self.inboxes.iter().map(name_bytes).sum::<usize>()
+            + self.agent_sender.as_ref().map_or(0, name_bytes)
     }
 }
 
@@ -2820,6 +2828,21 @@ mod tests {
         assert_eq!(w.extras().context_bytes, 2 * 50_000 + 2 * size_of::<Name>());
         let with_context = w.footprint();
         assert!(with_context - full >= 50_000, "{full} -> {with_context}");
+        // Long names' text too: the roster may have let them go, and the
+        // entries hold them alone.
+        let long = name(&"b".repeat(64));
+        let named = ContextEntry {
+            agent_sender: Some(long.clone()),
+            inboxes: vec![long.clone(), long.clone()],
+            body: bytes::Bytes::new(),
+        };
+        let before = w.extras().context_bytes;
+        w.remember_context(named, 3);
+        assert_eq!(
+            w.extras().context_bytes - before,
+            2 * size_of::<Name>() + 3 * name_bytes(&long)
+        );
+        assert!(name_bytes(&long) > 0);
     }
 
     /// Settings with the least `state.max_bytes`, and their world cache.

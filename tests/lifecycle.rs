@@ -592,6 +592,8 @@ async fn sigterm_before_nats_was_ever_reached_stops_loopguard() {
     assert!(logs.contains("shutdown: signal received"), "{logs}");
     assert!(logs.contains("NATS was never reached"), "{logs}");
     assert!(!logs.contains("grace period over"), "{logs}");
+    // Asked for, never held: not said to be subscribed.
+    assert!(!logs.contains("subscribed raw="), "{logs}");
 }
 
 /// A subscription the server's permissions refuse: loopguard says so and
