@@ -94,8 +94,18 @@ pub async fn run(
     }) = reload
     {
         let load = Arc::new(load);
-        reload_on_sighup(hangup, load.clone(), judge.clone(), metrics.clone());
         let every = config.reload.watch_seconds;
+        // The version of the file a SIGHUP applied, for the watch: not
+        // applied again (and counted twice) when the watch sees it.
+        let by_sighup = Arc::new(SighupApplied::default());
+        let watched = path.clone().filter(|_| every > 0);
+        reload_on_sighup(
+            hangup,
+            load.clone(),
+            judge.clone(),
+            metrics.clone(),
+            watched.map(|path| (path, by_sighup.clone())),
+        );
         match (path, every > 0) {
             (Some(path), true) => {
                 tokio::spawn(reload_on_change(
@@ -105,6 +115,7 @@ pub async fn run(
                     Duration::from_secs(every),
                     judge.clone(),
                     metrics.clone(),
+                    by_sighup,
                 ));
             }
             (None, true) => tracing::warn!(
@@ -584,6 +595,7 @@ async fn reload_on_change(
     every: Duration,
     judge: Arc<Judge>,
     metrics: Metrics,
+    by_sighup: Arc<SighupApplied>,
 ) {
     let stamp =
         async |p: &std::path::Path| tokio::fs::metadata(p).await.ok().map(|m| file_stamp(&m));
@@ -595,6 +607,10 @@ async fn reload_on_change(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let at = tick.tick().await;
+        if let Some(version) = by_sighup.take() {
+            // A SIGHUP applied this version: it is the one applied now.
+            (applied, retry) = (Some(version), None);
+        }
         let now = stamp(&path).await;
         changing = if now == seen { 0 } else { changing + 1 };
         seen = now;
@@ -655,18 +671,44 @@ fn file_stamp(m: &std::fs::Metadata) -> FileStamp {
     FileStamp(m.modified().ok(), m.len(), identity)
 }
 
+/// The [`FileStamp`] of the watched file as the last successful SIGHUP
+/// reload found it before reading it, until the watch takes it.
+#[derive(Default)]
+struct SighupApplied(std::sync::Mutex<Option<FileStamp>>);
+
+impl SighupApplied {
+    fn set(&self, version: FileStamp) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(version);
+    }
+
+    fn take(&self) -> Option<FileStamp> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
 /// Applies a new configuration on every SIGHUP (one that came while
-/// loopguard was starting too: `hangup` kept it).
+/// loopguard was starting too: `hangup` kept it). With the file watched,
+/// tells the watch which version of it a successful reload read.
 fn reload_on_sighup(
     mut hangup: crate::shutdown::Hangup,
     reload: Arc<Reload>,
     judge: Arc<Judge>,
     metrics: Metrics,
+    watched: Option<(std::path::PathBuf, Arc<SighupApplied>)>,
 ) {
     tokio::spawn(async move {
         loop {
             hangup.recv().await;
-            reload_in_background(&reload, &judge, &metrics, "SIGHUP").await;
+            // Taken before the file is read, as at start (`loaded`): a
+            // change made meanwhile is the watch's to apply.
+            let version = match &watched {
+                Some((path, _)) => tokio::fs::metadata(path).await.ok().map(|m| file_stamp(&m)),
+                None => None,
+            };
+            let reloaded = reload_in_background(&reload, &judge, &metrics, "SIGHUP").await;
+            if let (true, Some(version), Some((_, by_sighup))) = (reloaded, version, &watched) {
+                by_sighup.set(version);
+            }
         }
     });
 }

@@ -1144,6 +1144,35 @@ async fn a_watched_config_file_is_reloaded_when_it_changes() {
     assert_eq!(h.settle("w").await.event("w").body["rule"], "turns");
 }
 
+/// A change a SIGHUP applied is not applied again when the watch sees it:
+/// until 2026-11-24 both reloaded it (two lines, two successes counted).
+#[tokio::test]
+async fn a_change_a_sighup_applied_is_not_applied_again_by_the_watch() {
+    let h = Harness::start(
+        "[reload]\nwatch_seconds = 1\n[rules.turns]\nmax = 5\n[rules.depth]\nmax = 0\n",
+    )
+    .await;
+    std::fs::write(
+        h.loopguard.config_path(),
+        "[reload]\nwatch_seconds = 1\n# tightened\n[rules.turns]\nmax = 1\n[rules.depth]\nmax = 0\n",
+    )
+    .unwrap();
+    h.loopguard.signal("HUP");
+    h.loopguard.until_logged("configuration reloaded", 1).await;
+    assert!(h.loopguard.logs().contains("trigger=\"SIGHUP\""));
+    // The watch's checks that would have seen the change (one to see it,
+    // one to find it stood), and one more.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let logs = h.loopguard.logs();
+    assert_eq!(logs.matches("configuration reloaded").count(), 1, "{logs}");
+    let addr = h.loopguard.http_addr().await;
+    let scrape = support::Scrape::take(&addr).await;
+    assert_eq!(
+        scrape.get("loopguard_config_reloads_total", &[("result", "success")]),
+        1.0
+    );
+}
+
 /// Two agents speak in a fresh world: the second is the turn limit's
 /// (`rules.turns.max = 1`, as the tests' reloaded files set it).
 async fn turns_max_is_one(h: &mut Harness) {
