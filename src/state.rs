@@ -1602,7 +1602,11 @@ impl Worlds {
     /// a world idle past a short `idle_seconds` while its message waits.)
     pub fn renew(&self, world: &Name, settings: &Arc<WorldSettings>, now: Instant) {
         if self.cache.contains_key(world) {
-            self.get_or_create(world, settings, now);
+            let handle = self.get_or_create(world, settings, now);
+            // Idle past `state.idle_seconds`, it starts again from its
+            // settings (the agents a reload listed, say): weighed as such,
+            // as a message's decision would weigh it (found by review).
+            self.weigh(world, &handle, &lock(&handle));
         }
     }
 
@@ -2712,6 +2716,33 @@ mod tests {
             &worlds.get(&name("waiting"), now).unwrap(),
             &waiting
         ));
+    }
+
+    /// A world an invalid message renews past `state.idle_seconds` starts
+    /// again from its settings, and is weighed as such: with 512 long names
+    /// listed, past the least weight it had.
+    #[test]
+    fn a_world_renewed_by_an_invalid_message_is_weighed_anew() {
+        let (settings, worlds) = worlds_with(|c| {
+            c.state.max_bytes = 16 << 20;
+            c.state.max_worlds = 10_000;
+            c.state.idle_seconds = 60;
+        });
+        let t0 = Instant::now();
+        let w = name("renewed");
+        let handle = worlds.get_or_create(&w, &settings.default_world, t0);
+        let least = handle.weight.load(Ordering::Relaxed);
+        let listed = Arc::new(WorldSettings {
+            agents: (0..MAX_PINNED)
+                .map(|i| name(&format!("{}{i}", "a".repeat(60))))
+                .collect(),
+            rules: RulesConfig::default(),
+        });
+        worlds.renew(&w, &listed, t0 + Duration::from_secs(120));
+        let renewed = worlds.get(&w, t0 + Duration::from_secs(120)).expect("held");
+        assert_eq!(lock(&renewed).roster(Stamp::of(t0)).len(), MAX_PINNED);
+        let weight = renewed.weight.load(Ordering::Relaxed);
+        assert!(weight > least, "{least} -> {weight}");
     }
 
     /// The admin view's weighing puts no world back: one evicted meanwhile
