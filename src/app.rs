@@ -317,11 +317,10 @@ pub async fn run(
                     Ok(None)
                 }
                 Intake::JetStream(messages) => {
-                    // Not ready from the reopening (at most 2 s after
-                    // the loss was noticed) until the consumer is open again: no
-                    // message comes in meanwhile.
+                    // Not ready from the loss noticed until the consumer
+                    // is open again: no message comes in meanwhile.
+                    let lost = || readiness.unsubscribed();
                     let reopen = async || {
-                        readiness.unsubscribed();
                         let open = async || {
                             ingest::jetstream::consumer(&client, jetstream, &subjects, capacity)
                                 .await
@@ -336,6 +335,7 @@ pub async fn run(
                     };
                     ingest::jetstream::run(
                         *messages,
+                        lost,
                         reopen,
                         &dispatcher,
                         replay.as_ref(),

@@ -1731,11 +1731,16 @@ async fn a_consumer_deleted_under_loopguard_is_opened_again() {
         .await
         .expect("deleted");
     lg.until_logged("opening the consumer again", 1).await;
+    // Not ready from the loss noticed (logged after): until 2026-11-24 only
+    // from the reopening, which waits 2 s after the consumer was opened.
+    let addr = lg.http_addr().await;
+    assert_eq!(http(&addr, "GET", "/readyz", &[]).await.0, 503);
     publish_messages(&js, N / 2..N).await;
 
     until_stream_holds(&js, "EGRESS", N as u64, &lg).await;
     until_ingest_acknowledged(&js, &lg).await;
     assert!(lg.is_running(), "loopguard exited\n{}", lg.logs());
+    lg.until_ready().await;
 }
 
 /// With `storage = "memory"`, a restart of nats-server loses the ingest
