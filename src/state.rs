@@ -714,9 +714,12 @@ impl WorldState {
         }
     }
 
-    /// Remembers an approved message's content words for `similar`.
+    /// Remembers an approved message's content words for `similar`, while
+    /// the rule is on: a reload may have turned it off while the message
+    /// waited for the policy service, and turned on again it counts from
+    /// then (found by review).
     pub fn remember_words(&mut self, now: Stamp, words: Words) {
-        if words.is_empty() {
+        if words.is_empty() || !self.settings.rules.similar.is_on() {
             return;
         }
         push_window(
@@ -2339,9 +2342,12 @@ mod tests {
         assert_eq!(w.recent_words(t0, window).count(), 0);
         assert!(!w.seen_content(0, t0, window));
         assert!(w.footprint() < before, "{} of {before}", w.footprint());
-        // Approved while off: recorded for none of them.
+        // Approved while off: recorded for none of them (the words too,
+        // as a message decided before the reload commits them after it).
         approve_agent(&mut w, &name("a"), "5", 10, true, t0);
+        w.remember_words(t0, crate::rules::similar::words("plan the launch"));
         w.apply_settings(&on, t0);
+        assert_eq!(w.recent_words(t0, window).count(), 0);
         assert!(!w.seen_content(0, t0, window), "approved while off");
         approve_agent(&mut w, &name("a"), "6", 10, true, t0);
         assert_eq!(w.agent_approvals_within(t0, window), 1);
