@@ -363,7 +363,7 @@ pub async fn run(
                 biased;
                 Some(ended) = workers.next() => {
                     worker_down = true;
-                    let e = worker_failed(ended, "");
+                    let e = worker_failed(ended, false);
                     let _ = failure.set(e.to_string());
                     readiness.draining();
                     let _ = stop_now.send(true);
@@ -393,7 +393,7 @@ pub async fn run(
             // One that panics while the others drain still fails the exit.
             if ended.is_err() {
                 worker_down = true;
-                let e = worker_failed(ended, " while shutting down");
+                let e = worker_failed(ended, true);
                 if intake.is_ok() {
                     let _ = failure.set(e.to_string());
                     intake = Err(e);
@@ -489,14 +489,14 @@ const HAND_BACK_BOUND: Duration = Duration::from_secs(2);
 pub const RUNTIME_STOP_BOUND: Duration = Duration::from_secs(1);
 
 /// The error for a worker that ended before intake did, or failed
-/// (`when`: while shutting down).
-fn worker_failed(ended: Result<(), tokio::task::JoinError>, when: &str) -> AppError {
+/// (`shutting_down`: during the drain).
+fn worker_failed(ended: Result<(), tokio::task::JoinError>, shutting_down: bool) -> AppError {
     let why = match ended {
         Err(e) if e.is_panic() => panic_message(e.into_panic()),
         Err(e) => e.to_string(),
         Ok(()) => "it ended early".into(),
     };
-    tracing::error!(error = %why, "a worker stopped{when}; shutting down");
+    tracing::error!(error = %why, shutting_down, "a worker stopped; shutting down");
     AppError::Worker(why)
 }
 

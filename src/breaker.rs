@@ -127,9 +127,9 @@ impl Breakers {
         })
     }
 
-    /// Counts how a question to `subject` ended at `now`; for a world
-    /// whose threshold is `trip_after` (0: never rests), whether this
-    /// timeout trips the subject (or keeps it resting).
+    /// Counts how a question to `subject` ended at `now`. For a world
+    /// whose threshold is `trip_after` (0: never rests), a timeout may trip
+    /// the subject (or keep it resting).
     pub fn record(&self, subject: &str, ended: Ended, now: Instant, trip_after: u32) {
         let mut by_subject = self.lock();
         match ended {

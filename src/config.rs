@@ -1307,7 +1307,8 @@ impl Config {
             rules: self.rules.clone(),
         });
         let conclusions =
-            crate::rules::concluded::Conclusions::new(&self.conversation.conclusion_phrases);
+            crate::rules::concluded::Conclusions::new(&self.conversation.conclusion_phrases)
+                .map_err(|why| invalid("conversation.conclusion_phrases", why))?;
         Ok(Settings {
             config: self,
             default_world,

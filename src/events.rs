@@ -4,7 +4,9 @@
 //! the copies afterwards is counted where they are published (publish.rs):
 //! `loopguard_deliveries_total` for each copy sent, `loopguard_dropped_total`
 //! for each that could not be, which the event's `delivered_to` (the
-//! decision) cannot know.
+//! decision) cannot know. Timings and the policy service's outcomes are
+//! counted where they are measured: `loopguard_decision_duration_seconds`
+//! by the judge, `loopguard_policy_*` as the answer comes in.
 
 use crate::config::Config;
 use crate::json;

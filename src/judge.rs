@@ -52,26 +52,38 @@ pub struct Outbound {
 /// Everything decided about one ingress message.
 #[derive(Debug, Clone)]
 pub struct Decision {
+    /// The world, when the subject named a valid one (`None`: no event, the
+    /// rejection is only counted and logged; contract §1).
     pub world: Option<Name>,
+    /// The sender's kind, when the subject named a valid one.
     pub kind: Option<SenderKind>,
     /// The sender's canonical name, or the defused token of an invalid one.
     pub sender: SmolStr,
+    /// The message's id: its own, or one loopguard made (contract §3).
     pub id: String,
     pub outcome: Outcome,
+    /// The rule that rejected or edited the message, if one did.
     pub rule: Option<RuleName>,
+    /// A sentence a person can read, for the event and the log line.
     pub reason: Cow<'static, str>,
     /// Observe mode: the rule that would have rejected an approved message.
     pub would_reject: Option<RuleName>,
+    /// The message's computed reply depth (set on rejections too).
     pub depth: u32,
+    /// The world's agent-turn count this message has, or would have had;
+    /// 0 for human and system messages.
     pub turn: u32,
     /// Where the copies went (the event's field).
     pub delivered_to: DeliveredTo,
+    /// Control handed to a human (a pass, or the turn limit's notice):
+    /// counted in `loopguard_handoffs_total`.
     pub handoff: Option<Handoff>,
     /// Egress copies, then any notice, then the event: in publish order.
     pub outbound: Vec<Outbound>,
     /// Set when the policy hook must be asked before this decision is final
     /// (see `finish`); not yet reported.
     pub policy: Option<PolicyCheck>,
+    /// When loopguard decided, as the event writes it.
     pub observed_at: Rfc3339,
 }
 
@@ -222,7 +234,9 @@ pub enum PolicyFailure {
     /// No responders, or an answer that is not one.
     Error,
     /// Not asked: it did not answer the last questions
-    /// ([`crate::breaker`]).
+    /// ([`crate::breaker`]), or, in core mode, the shutdown's grace period
+    /// was over when the question was due (the contract counts both as
+    /// `skipped`).
     Skipped,
 }
 

@@ -9,21 +9,28 @@
 //!   A worker asks the optional policy service before publishing.
 //! - [`subject`]: parses ingress subjects into an [`subject::Origin`]; the only
 //!   place subjects are built, from validated [`names`] only.
-//! - [`judge`]: one message in, one [`judge::Decision`] out, synchronously:
+//! - [`judge`]: one message in, one [`judge::Decision`] out, synchronously
+//!   (`Judge::decide`):
 //!   - [`envelope`]: payload bytes → content, ids and kept fields;
 //!   - [`state`]: per-world state in a bounded moka cache (roster, turns,
 //!     lineage, windows);
-//!   - [`rules`]: the loop rules, one per file — the contract's `pass`,
-//!     `turns`, `depth`, `duplicate`, `cooldown`, `rate`, then `alternation`,
-//!     `similar`, `low_content`, `budget`, `concluded` — with [`normalize`]
-//!     for duplicates;
-//!   - [`routing`]: public transcript or inboxes, from [`mentions`].
+//!   - `pass` first (an edit, not a rule: `rules::pass`), then [`rules`]:
+//!     the loop rules, one per file — the contract's `turns`, `depth`,
+//!     `duplicate`, `cooldown`, `rate`, then `alternation`, `similar`,
+//!     `low_content`, `budget`, `concluded` — with [`normalize`] for the
+//!     text they compare;
+//!   - [`routing`]: public transcript or inboxes, from [`mentions`];
+//!   - [`json`]: the copies and events written straight into a buffer.
+//!
+//!   A decision the policy service must confirm waits for its answer
+//!   (`ingest::Worker` asks through [`publish`]), then `Judge::finish`
+//!   completes it.
 //! - [`events`]: the one place a decision is logged, counted ([`metrics`]) and
 //!   turned into its event.
 //! - [`publish`]: sends the decided copies, notice and event to NATS, and
 //!   asks the policy service ([`breaker`]: not while it does not answer).
 //! - [`admin`]: HTTP — `/metrics`, `/healthz`, `/readyz`, the world view and
-//!   reset.
+//!   reset, an agent's context.
 //! - [`app`]: wiring, start-up and the graceful drain; [`shutdown`]: signals.
 //! - [`config`]: the TOML file and `LOOPGUARD__…` overrides, validated whole.
 //! - [`clock`]: injected time, so rules are tested without sleeping, and

@@ -350,7 +350,7 @@ impl Metrics {
             crate::state::Conversation::ALL.map(|c| by_state_vec.with_label_values(&[c.as_str()]));
         let policy_vec = counter_vec(
             "loopguard_policy_requests_total",
-            "Policy hook requests, by outcome: approve, reject, timeout, error; and not sent: skipped (the service left the last ones unanswered), backlog (the world had too many waiting).",
+            "Policy hook requests, by outcome: approve, reject, timeout, error; and not sent: skipped (the service left the last ones unanswered, or the shutdown's grace period was over), backlog (the world had too many waiting).",
             &["outcome"],
         );
         let policy = [

@@ -21,7 +21,7 @@ impl Signals {
             let open = |kind, name: &str| match signal(kind) {
                 Ok(listener) => Some(listener),
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot listen for {name}; it will not stop loopguard gracefully");
+                    tracing::warn!(error = %e, signal = name, "cannot listen for a signal; it will not stop loopguard gracefully");
                     None
                 }
             };

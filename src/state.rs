@@ -7,7 +7,10 @@
 //! Atomicity and order: a world's state sits behind its own mutex, and all
 //! messages of one world are decided by the same worker task, one at a time,
 //! in arrival order (see `ingest`). The mutex is held for a whole decision,
-//! so the admin API never sees or changes a world half-way through one.
+//! so the admin API never sees or changes a world half-way through one,
+//! except a decision that asks the policy service: judged under one lock,
+//! committed under another once the answer is in (`Judge::finish`), so an
+//! admin reset in between stays a reset.
 
 use std::collections::{HashMap, VecDeque};
 use std::mem::size_of;
@@ -267,7 +270,8 @@ pub struct Lineage {
 /// All state of one world.
 #[derive(Debug)]
 pub struct WorldState {
-    /// Rules and roster seed in force when the world was created.
+    /// Rules and roster seed in force: those of the world's creation, or of
+    /// the last reload that brought it onto new settings.
     pub settings: Arc<WorldSettings>,
     /// Approved agent messages since the last ingress human or system message.
     pub turns: u32,
@@ -445,7 +449,7 @@ impl WorldState {
                 agent.approvals.drain(..over);
                 // To the power of two `footprint` counts: trimmed to `keep`
                 // exactly, a deque raised again would double from there,
-                // to past what it counts (found by review).
+                // to past what it counts.
                 agent.approvals.shrink_to((keep + 1).next_power_of_two());
             }
         }
@@ -599,7 +603,8 @@ impl WorldState {
     }
 
     /// Records an approved (or edited) message: lineage, duplicate window and,
-    /// for agents, the rate/cooldown history and the turn counter.
+    /// for agents, the rate/cooldown history (the turn counter is the
+    /// caller's, `judge::commit`).
     pub fn record_approved(&mut self, approved: Approved<'_>) {
         // Lineage memory holds ids; a very long one (a client's choice) is
         // not remembered, so no single message can pin kilobytes per world.
@@ -717,7 +722,7 @@ impl WorldState {
     /// Remembers an approved message's content words for `similar`, while
     /// the rule is on: a reload may have turned it off while the message
     /// waited for the policy service, and turned on again it counts from
-    /// then (found by review).
+    /// then.
     pub fn remember_words(&mut self, now: Stamp, words: Words) {
         if words.is_empty() || !self.settings.rules.similar.is_on() {
             return;

@@ -239,11 +239,16 @@ impl Dispatcher {
 /// arrived. A message waiting for the policy service holds back its own
 /// world's later messages only; the worker goes on with the other worlds.
 struct Worker {
+    /// Decides; shared by every worker (worlds are split between them).
     judge: Arc<Judge>,
+    /// Sends what is decided, and asks the policy service.
     publisher: Publisher,
+    /// JetStream mode: decisions whose acknowledgement may not have reached
+    /// the server, so a redelivery is published again as it was, not decided
+    /// twice (`None`: core mode).
     replay: Option<jetstream::Replay>,
     /// JetStream messages whose outputs are published but not yet settled.
-    acks: Vec<Pending>,
+    acks: Vec<Unacked>,
     /// The server's answers to those outputs, in order (`egress_acks`).
     answers: Vec<Answer>,
     /// The client's connect count when the first of `acks` was published.
@@ -514,7 +519,7 @@ impl Worker {
             }
         }
         if let Some(d) = delivery {
-            self.acks.push(Pending {
+            self.acks.push(Unacked {
                 acker: d.acker,
                 key: d.key,
                 sent,
@@ -939,7 +944,7 @@ fn fallback_id<'a>(message: &'a Message, stable_id: Option<&'a str>) -> Fallback
 
 /// A JetStream message whose outputs are published, waiting to be
 /// acknowledged.
-struct Pending {
+struct Unacked {
     acker: Acker,
     /// Under which `Worker::replay` keeps its outputs.
     key: jetstream::ReplayKey,

@@ -8,7 +8,7 @@ use aho_corasick::dfa::DFA;
 use aho_corasick::{AhoCorasick, Anchored, MatchKind};
 
 use super::{Context, Rule, RuleName, Verdict};
-use crate::normalize::{normalize, substance};
+use crate::normalize::substance;
 
 pub struct Concluded;
 
@@ -51,14 +51,16 @@ struct Matcher {
 }
 
 impl Conclusions {
-    pub fn new(phrases: &[String]) -> Conclusions {
+    /// Compiles the phrases, or says why they could not be (the config
+    /// refuses them, so a start or a reload says so, not a lost warning).
+    pub fn new(phrases: &[String]) -> Result<Conclusions, String> {
         let patterns: Vec<String> = phrases
             .iter()
             .map(|p| substance(p))
             .filter(|p| !p.is_empty())
             .collect();
         if patterns.is_empty() {
-            return Conclusions(None);
+            return Ok(Conclusions(None));
         }
         let words = patterns.iter().map(|p| {
             p.split(' ')
@@ -69,23 +71,19 @@ impl Conclusions {
             .match_kind(MatchKind::LeftmostFirst)
             .build(words);
         let phrases = DFA::new(patterns.iter().map(|p| format!(" {p} ")));
-        // Phrases are short and few; should a huge list ever fail to build,
-        // say so, and match none (no conclusion is the safe side).
         match (phrases, words) {
-            (Ok(phrases), Ok(words)) => Conclusions(Some(Matcher { phrases, words })),
-            (Err(error), _) | (_, Err(error)) => {
-                tracing::warn!(%error, "conversation.conclusion_phrases could not be compiled; no message will conclude a world");
-                Conclusions(None)
-            }
+            (Ok(phrases), Ok(words)) => Ok(Conclusions(Some(Matcher { phrases, words }))),
+            (Err(error), _) | (_, Err(error)) => Err(format!("could not be compiled: {error}")),
         }
     }
 
     /// True when `content` holds one of the phrases.
+    #[cfg(test)]
     pub fn found(&self, content: &str) -> bool {
-        self.found_in_normalized(&normalize(content))
+        self.found_in_normalized(&crate::normalize::normalize(content))
     }
 
-    /// True when `normalized` (content as [`normalize`] gives it) holds one
+    /// True when `normalized` (content as [`crate::normalize::normalize`] gives it) holds one
     /// of the phrases. The hot path passes the text it normalised for the
     /// duplicate hash, so a message is normalised once; its substance (as
     /// [`crate::normalize::substance_into`] makes it) is fed to the
@@ -157,7 +155,7 @@ mod tests {
     use crate::subject::SenderKind;
 
     fn phrases() -> Conclusions {
-        Conclusions::new(&ConversationConfig::default().conclusion_phrases)
+        Conclusions::new(&ConversationConfig::default().conclusion_phrases).unwrap()
     }
 
     fn concludes(content: &str, phrases: &Conclusions) -> bool {
@@ -167,7 +165,7 @@ mod tests {
     #[test]
     fn the_streamed_match_agrees_with_a_search_of_the_padded_substance() {
         let phrases = ConversationConfig::default().conclusion_phrases;
-        let matcher = Conclusions::new(&phrases);
+        let matcher = Conclusions::new(&phrases).unwrap();
         let patterns: Vec<String> = phrases
             .iter()
             .map(|p| format!(" {} ", substance(p)))
@@ -203,7 +201,7 @@ mod tests {
             ]), 0..10),
         ) {
             let phrases = ConversationConfig::default().conclusion_phrases;
-            let matcher = Conclusions::new(&phrases);
+            let matcher = Conclusions::new(&phrases).unwrap();
             let text = parts.concat();
             let padded = format!(" {} ", substance(&text));
             let expected = phrases

@@ -152,10 +152,12 @@ impl Verdict {
         Verdict::Reject(Rejection { rule, reason })
     }
 
+    #[cfg(test)]
     pub fn allows(&self) -> bool {
         matches!(self, Verdict::Allow)
     }
 
+    #[cfg(test)]
     pub fn rejects(&self) -> bool {
         !self.allows()
     }

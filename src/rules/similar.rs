@@ -265,7 +265,6 @@ mod tests {
     fn reworded_echoes_score_high_and_distinct_answers_low() {
         for (a, b, echo) in CASES {
             let s = jaccard(&words(&substance(a)), &words(&substance(b)));
-            println!("{s:.2}  {a:?} / {b:?}");
             assert_eq!(s >= 0.6, *echo, "{s:.2} for {a:?} vs {b:?}");
         }
     }
