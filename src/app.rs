@@ -86,44 +86,8 @@ pub async fn run(
     crate::fault::hold_start().await;
 
     // Reloads first (a SIGHUP that came since `Hangup::listen` reloads now).
-    if let Some(Reloader {
-        load,
-        path,
-        loaded,
-        hangup,
-    }) = reload
-    {
-        let load = Arc::new(load);
-        let every = config.reload.watch_seconds;
-        // The version of the file a SIGHUP applied, for the watch: not
-        // applied again (and counted twice) when the watch sees it.
-        let by_sighup = Arc::new(SighupApplied::default());
-        let watched = path.clone().filter(|_| every > 0);
-        reload_on_sighup(
-            hangup,
-            load.clone(),
-            judge.clone(),
-            metrics.clone(),
-            watched.map(|path| (path, by_sighup.clone())),
-        );
-        match (path, every > 0) {
-            (Some(path), true) => {
-                tokio::spawn(reload_on_change(
-                    load,
-                    path,
-                    loaded,
-                    Duration::from_secs(every),
-                    judge.clone(),
-                    metrics.clone(),
-                    by_sighup,
-                ));
-            }
-            (None, true) => tracing::warn!(
-                watch_seconds = every,
-                "reload.watch_seconds is set, but there is no config file (--config) to watch"
-            ),
-            _ => {}
-        }
+    if let Some(reload) = reload {
+        start_reloads(reload, config.reload.watch_seconds, &judge, &metrics);
     }
 
     warn_if_worlds_can_outweigh(&settings);
@@ -475,6 +439,47 @@ pub async fn run(
     };
     http.abort();
     ended
+}
+
+/// Sets up reloads: SIGHUP, and the config file's watch every `every`
+/// seconds (`reload.watch_seconds`; 0: none) when there is a file.
+fn start_reloads(reload: Reloader, every: u64, judge: &Arc<Judge>, metrics: &Metrics) {
+    let Reloader {
+        load,
+        path,
+        loaded,
+        hangup,
+    } = reload;
+    let load = Arc::new(load);
+    // The version of the file a SIGHUP applied, for the watch: not
+    // applied again (and counted twice) when the watch sees it.
+    let by_sighup = Arc::new(SighupApplied::default());
+    let watched = path.clone().filter(|_| every > 0);
+    reload_on_sighup(
+        hangup,
+        load.clone(),
+        judge.clone(),
+        metrics.clone(),
+        watched.map(|path| (path, by_sighup.clone())),
+    );
+    match (path, every > 0) {
+        (Some(path), true) => {
+            tokio::spawn(reload_on_change(
+                load,
+                path,
+                loaded,
+                Duration::from_secs(every),
+                judge.clone(),
+                metrics.clone(),
+                by_sighup,
+            ));
+        }
+        (None, true) => tracing::warn!(
+            watch_seconds = every,
+            "reload.watch_seconds is set, but there is no config file (--config) to watch"
+        ),
+        _ => {}
+    }
 }
 
 /// How long, past the grace period, the workers may take to hand back what
