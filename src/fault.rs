@@ -100,6 +100,21 @@ pub async fn hold_start() {
     }
 }
 
+/// Holds up the JetStream intake's reopening of a lost consumer, after it
+/// logged the loss, until the file `LOOPGUARD_TEST_HOLD_REOPEN` names
+/// exists (at most a minute): a test then reads `/readyz` between the loss
+/// and the reopening for certain, which can otherwise be milliseconds.
+pub async fn hold_reopen() {
+    let Some(release) = std::env::var_os("LOOPGUARD_TEST_HOLD_REOPEN") else {
+        return;
+    };
+    tracing::warn!(release = ?release, "test fault: reopening held");
+    let until = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !std::path::Path::new(&release).exists() && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The milliseconds `var` gives, read into `cell` the first time.
 fn millis(cell: &'static OnceLock<Option<Duration>>, var: &str) -> Option<Duration> {
     *cell.get_or_init(|| {

@@ -815,6 +815,8 @@ pub async fn run<E: From<JetStreamError>>(
         lost();
         let handed_back = pulled.hand_back().await;
         tracing::warn!(reason = %why, "JetStream consumer lost; opening the consumer again");
+        #[cfg(debug_assertions)]
+        crate::fault::hold_reopen().await;
         // Not before what was handed back is due again: a new pull any
         // sooner would get the messages after them first, a world's later
         // messages decided ahead of its earlier ones.
