@@ -117,9 +117,12 @@ pub fn parse<'a>(
         Ok(fallback.header.or(fallback.stable).map(str::to_owned))
     };
 
-    // Only text that opens like an object is worth handing to the JSON parser.
-    let object = if text.trim_start().starts_with('{') {
-        serde_json::from_str::<Object>(text).ok()
+    // Only text that opens like an object is worth handing to the JSON
+    // parser; a byte-order mark before it (as some Windows tools write) is
+    // not part of the JSON text (RFC 8259 §8.1 lets a parser ignore it).
+    let json = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let object = if json.trim_start().starts_with('{') {
+        serde_json::from_str::<Object>(json).ok()
     } else {
         None
     };
@@ -388,6 +391,16 @@ mod tests {
         assert_eq!(e.parent_id, None);
         assert_eq!(e.fields.get("lang"), Some(&Value::from("en")));
         assert!(!e.fields.contains_key("content"));
+    }
+
+    /// A byte-order mark before the JSON object does not make it plain
+    /// text (before, the whole object was the content, its id lost).
+    #[test]
+    fn a_byte_order_mark_before_an_object_is_ignored() {
+        let e = ok("\u{feff}{\"content\":\"@bob hi\",\"id\":\"m1\"}");
+        assert_eq!((&*e.content, e.id.as_deref()), ("@bob hi", Some("m1")));
+        // Only before the object: plain text keeps it.
+        assert_eq!(ok("\u{feff}hello").content, "\u{feff}hello");
     }
 
     /// The content is the payload's own bytes unless escapes must be

@@ -1,17 +1,21 @@
 //! Mention parsing (contract §3), pure and allocation-light.
 //!
 //! A *paragraph-start* mention is `@name` at the start of the content or right
-//! after a newline, after optional spaces or tabs. Several in a row count,
-//! separated by spaces, tabs or commas; the run goes on past tokens that are
-//! not names. A token ends at a space, tab, comma, CR or LF, and may close
+//! after a newline, after optional spaces or tabs (and invisible marks: a
+//! byte-order mark, a bidirectional mark, a zero-width space). Several in a
+//! row count, separated by spaces, tabs or commas; the run goes on past
+//! tokens that are not names. A token ends at a space, tab, comma, CR or LF, and may close
 //! with punctuation that ends a phrase: `:`, `.`, `!`, `?`, `;`, as many as
-//! written (`@alice: …`, `@bob. can you…`, `@carol?!`). A token holding
+//! written (`@alice: …`, `@bob. can you…`, `@carol?!`). Chinese and
+//! Japanese punctuation (`，`, `、`, `：`, `；`, `！`, `？`, `。`, `．`) ends a
+//! token and parts a run's tokens, as such text has no spaces. A token holding
 //! anything else — `'s`, `.x`, `*`, `>`, non-ASCII, a second `@` — is not a
 //! name: it is plain text, and so may hold an inline mention as any text may
 //! (`@bob's` is one, as `ask @bob's` is).
 //!
 //! An *inline* (mid-paragraph) mention is `@name` anywhere else, where the `@`
-//! does not sit inside a word (`a@b.com` is no mention) and the name is the
+//! does not sit inside a word (`a@b.com` is no mention) or after a `/` (a
+//! path or address: `medium.com/@bob/post`), and the name is the
 //! whole word (`@josé` does not mention `jos`, `@bob@host` not `bob`;
 //! `@bob—` and `@bob’s` do mention `bob`).
 //!
@@ -44,6 +48,11 @@ pub fn scan(content: &str) -> Scan<'_> {
 
 /// Punctuation that may close a paragraph-start mention token.
 const CLOSING: [char; 5] = [':', '.', '!', '?', ';'];
+
+/// Chinese and Japanese punctuation: it ends a paragraph-start token and
+/// parts a run's tokens (such text has no spaces: `@bob：看一下`,
+/// `@alice、@bob 请看`).
+pub const WIDE_PUNCTUATION: [char; 8] = ['，', '、', '：', '；', '！', '？', '。', '．'];
 
 /// A paragraph-start token without the punctuation that closes it
 /// (`bob?!` is `bob`): what must be a name for the token to be a mention.
@@ -100,11 +109,14 @@ enum RunToken<'a> {
 /// `found`; returns the byte offset where the run ends.
 fn leading_run<'a>(p: &'a str, mut found: impl FnMut(RunToken<'a>)) -> usize {
     let b = p.as_bytes();
-    let mut i = skip(b, 0, |c| c == b' ' || c == b'\t');
+    let mut i = skip_indent(p);
     while i < b.len() && b[i] == b'@' {
         let tok_start = i + 1;
         let mut j = tok_start;
-        while j < b.len() && !matches!(b[j], b' ' | b'\t' | b',' | b'\r') {
+        while j < b.len()
+            && !matches!(b[j], b' ' | b'\t' | b',' | b'\r')
+            && wide_punctuation(&b[j..]) == 0
+        {
             j += 1;
         }
         let tok = without_closing(&p[tok_start..j]);
@@ -113,7 +125,32 @@ fn leading_run<'a>(p: &'a str, mut found: impl FnMut(RunToken<'a>)) -> usize {
         } else {
             RunToken::Plain(i..j)
         });
-        i = skip(b, j, |c| c == b' ' || c == b'\t' || c == b',');
+        i = skip_separators(b, j);
+    }
+    i
+}
+
+/// The length of the [`WIDE_PUNCTUATION`] character `b` starts with, else
+/// 0 (each is three bytes of UTF-8).
+fn wide_punctuation(b: &[u8]) -> usize {
+    match b {
+        [0xEF, 0xBC, 0x8C | 0x9A | 0x9B | 0x81 | 0x9F | 0x8E, ..]
+        | [0xE3, 0x80, 0x81 | 0x82, ..] => 3,
+        _ => 0,
+    }
+}
+
+/// Past the spaces, tabs, commas and [`WIDE_PUNCTUATION`] between a run's
+/// tokens.
+fn skip_separators(b: &[u8], mut i: usize) -> usize {
+    while i < b.len() {
+        match b[i] {
+            b' ' | b'\t' | b',' => i += 1,
+            _ => match wide_punctuation(&b[i..]) {
+                0 => break,
+                n => i += n,
+            },
+        }
     }
     i
 }
@@ -124,8 +161,12 @@ fn inline_mentions<'a>(p: &'a str, span: std::ops::Range<usize>, out: &mut Vec<&
     let mut i = span.start;
     while let Some(off) = memchr::memchr(b'@', &b[i..]) {
         let at = i + off;
-        // `a@b`, `ü@x`: the `@` is inside a word.
-        let inside_word = p[..at].chars().next_back().is_some_and(joins_word);
+        // `a@b`, `ü@x`: the `@` is inside a word; `…com/@bob/post`: inside
+        // a path or address.
+        let inside_word = p[..at]
+            .chars()
+            .next_back()
+            .is_some_and(|c| joins_word(c) || c == '/');
         let end = skip(b, at + 1, is_name_byte);
         // `@josé`, `@bob@host`: the word goes on past the name, so it is
         // not the name. (`@bob—`, `@bob’s`: punctuation ends it.)
@@ -139,8 +180,10 @@ fn inline_mentions<'a>(p: &'a str, span: std::ops::Range<usize>, out: &mut Vec<&
 
 /// Whether `c`, next to an inline `@name`, makes it part of a longer word:
 /// a name's own characters, an `@`, a letter or digit of any script, or a
-/// combining mark (`bob` + U+0301 is `bób`). Punctuation and spaces of any
-/// script are not.
+/// combining mark (`bob` + U+0301 is `bób`; the blocks of diacritics,
+/// Hebrew accents and variation selectors: marks the standard library's
+/// `is_alphanumeric` leaves out). Punctuation and spaces of any script are
+/// not.
 fn joins_word(c: char) -> bool {
     if c.is_ascii() {
         return is_name_byte(c as u8) || c == '@';
@@ -148,8 +191,37 @@ fn joins_word(c: char) -> bool {
     c.is_alphanumeric()
         || matches!(
             u32::from(c),
-            0x300..=0x36F | 0x1AB0..=0x1AFF | 0x1DC0..=0x1DFF | 0x20D0..=0x20FF | 0xFE20..=0xFE2F
+            0x300..=0x36F
+                | 0x591..=0x5AF
+                | 0x1AB0..=0x1AFF
+                | 0x1DC0..=0x1DFF
+                | 0x20D0..=0x20FF
+                | 0xFE00..=0xFE0F
+                | 0xFE20..=0xFE2F
+                | 0xE0100..=0xE01EF
         )
+}
+
+/// Where a paragraph's text begins: past spaces and tabs, and past the
+/// invisible marks an editor may put there (a byte-order mark, a
+/// right-to-left mark before an `@name` in a right-to-left paragraph),
+/// which hide nothing a reader sees.
+fn skip_indent(p: &str) -> usize {
+    let b = p.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b' ' || b[i] == b'\t' {
+            i += 1;
+        } else if b[i] >= 0x80 {
+            match p[i..].chars().next() {
+                Some(c) if crate::names::is_invisible_mark(c) => i += c.len_utf8(),
+                _ => break,
+            }
+        } else {
+            break;
+        }
+    }
+    i
 }
 
 fn skip(b: &[u8], mut i: usize, pred: impl Fn(u8) -> bool) -> usize {
@@ -188,6 +260,42 @@ mod tests {
     fn inline_of(s: &str) -> Vec<&str> {
         leading_of(s);
         scan(s).inline
+    }
+
+    /// Chinese and Japanese punctuation ends and parts a run's tokens
+    /// (before, `@bob，请检查` was plain text: an agent's message went
+    /// public, a human's to no inbox).
+    #[test]
+    fn full_width_punctuation_parts_and_closes_a_run_s_tokens() {
+        assert_eq!(leading_of("@bob，请检查迁移"), ["bob"]);
+        assert_eq!(leading_of("@bob：看一下"), ["bob"]);
+        assert_eq!(leading_of("@bob。"), ["bob"]);
+        assert_eq!(leading_of("@alice、@bob 请看"), ["alice", "bob"]);
+        assert_eq!(leading_of("@alice，@bob？ 好"), ["alice", "bob"]);
+        assert_eq!(leading_of("@alice：@bob 好"), ["alice", "bob"]);
+        for c in WIDE_PUNCTUATION {
+            assert_eq!(leading_of(&format!("@bob{c}x")), ["bob"], "{c}");
+            assert_eq!(wide_punctuation(c.to_string().as_bytes()), 3, "{c}");
+        }
+        // Other full-width characters are no punctuation here.
+        assert!(leading_of("@bob（x").is_empty());
+    }
+
+    /// An `@` after a `/` is inside a path or address, not a mention (a
+    /// human's link would otherwise reach no inbox).
+    #[test]
+    fn an_at_after_a_slash_is_no_inline_mention() {
+        assert!(inline_of("see https://medium.com/@bob/post").is_empty());
+        assert_eq!(inline_of("ask /me @bob"), ["bob"]);
+    }
+
+    /// Combining marks the standard library does not call alphanumeric
+    /// still continue a word (a variation selector, a Hebrew accent).
+    #[test]
+    fn variation_selectors_and_hebrew_accents_continue_a_name() {
+        assert!(inline_of("ask @bob\u{fe0f} now").is_empty());
+        assert!(inline_of("ask @bob\u{0591} now").is_empty());
+        assert!(inline_of("x\u{fe0f}@bob now").is_empty());
     }
 
     #[test]

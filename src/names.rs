@@ -81,7 +81,7 @@ pub fn display_untrusted(raw: &str) -> String {
 /// Unicode's bidirectional controls, zero-width and other invisible
 /// formatting characters, and line and paragraph separators: they change
 /// how the text around them shows, and show nothing themselves.
-fn is_invisible_format(c: char) -> bool {
+pub(crate) fn is_invisible_format(c: char) -> bool {
     matches!(
         c,
         '\u{00ad}'
@@ -94,6 +94,15 @@ fn is_invisible_format(c: char) -> bool {
             | '\u{fff9}'..='\u{fffb}'
             | '\u{e0000}'..='\u{e007f}'
     )
+}
+
+/// An invisible formatting character that is no whitespace (a byte-order
+/// mark, a bidirectional mark, a zero-width space or joiner): what an
+/// editor may put before or inside a word without showing it, so mentions
+/// and normalisation read past it (the line and paragraph separators,
+/// whitespace, still part words).
+pub(crate) fn is_invisible_mark(c: char) -> bool {
+    is_invisible_format(c) && !c.is_whitespace()
 }
 
 impl fmt::Display for Name {

@@ -11,6 +11,11 @@
 //! a run that went on would, the second time, swallow the commas of a
 //! paragraph joined after it.)
 //!
+//! Invisible marks (a byte-order mark, bidirectional marks, zero-width
+//! spaces and joiners: [`crate::names::is_invisible_mark`]) are removed
+//! first: they show nothing, so they neither make a message new nor hide
+//! a paragraph's mentions.
+//!
 //! Paragraph starts here skip any Unicode whitespace, not only spaces and
 //! tabs as routing does: otherwise a run hidden behind a no-break space would
 //! surface after the first pass, and normalising twice would differ from
@@ -18,6 +23,8 @@
 //! normalize(x)`.
 
 use std::sync::LazyLock;
+
+use crate::names::is_invisible_mark;
 
 /// The normalised form of `content`.
 pub fn normalize(content: &str) -> String {
@@ -31,6 +38,13 @@ pub fn normalize(content: &str) -> String {
 /// already tidy (single spaces between words), else a word at a time, and
 /// lowercased in place; every path produces the same text.
 pub fn normalize_into(content: &str, out: &mut String) {
+    // Invisible marks show nothing, so they make no message different:
+    // `sounds\u{200b} good` is `sounds good`, and a byte-order mark before a
+    // paragraph's `@name` does not keep it (routing reads past it too).
+    if !content.is_ascii() && content.chars().any(is_invisible_mark) {
+        let visible: String = content.chars().filter(|&c| !is_invisible_mark(c)).collect();
+        return normalize_into(&visible, out);
+    }
     let start = out.len();
     // Built as bytes and checked as UTF-8 once at the end: only whole
     // characters of valid UTF-8 are appended.
@@ -153,14 +167,15 @@ pub fn substance_into(normalized: &str, out: &mut String) {
 /// to the first `@token` that is no name.
 fn strip_leading_mentions(p: &str) -> &str {
     let mut s = p.trim_start();
+    // Tokens end, and runs are parted, as routing reads them.
+    let parts =
+        |c: char| c.is_whitespace() || c == ',' || crate::mentions::WIDE_PUNCTUATION.contains(&c);
     while let Some(rest) = s.strip_prefix('@') {
-        let end = rest
-            .find(|c: char| c.is_whitespace() || c == ',')
-            .unwrap_or(rest.len());
+        let end = rest.find(parts).unwrap_or(rest.len());
         if !is_mention(&rest[..end]) {
             break;
         }
-        s = rest[end..].trim_start_matches(|c: char| c.is_whitespace() || c == ',');
+        s = rest[end..].trim_start_matches(parts);
     }
     s
 }
@@ -190,7 +205,11 @@ mod tests {
     /// Normalisation as the contract words it, a character at a time: what
     /// the fast paths are checked against.
     fn reference(content: &str) -> String {
-        let words: Vec<String> = content
+        let visible: String = content
+            .chars()
+            .filter(|&c| !crate::names::is_invisible_mark(c))
+            .collect();
+        let words: Vec<String> = visible
             .split('\n')
             .flat_map(|p| strip_leading_mentions(p).split_whitespace())
             .map(|w| w.chars().flat_map(char::to_lowercase).collect())
@@ -344,6 +363,26 @@ mod tests {
         assert_eq!(normalize("A\x0bB"), "a b", "vertical tab is whitespace");
     }
 
+    /// Invisible marks make no message different, nor hide a paragraph's
+    /// mentions (before, each of these was a new message).
+    #[test]
+    fn invisible_marks_are_not_part_of_a_message() {
+        assert_eq!(normalize("sounds\u{200b} good"), normalize("sounds good"));
+        assert_eq!(normalize("\u{feff}@bob same"), normalize("@carol same"));
+        assert_eq!(normalize("ok\n\u{200f}@bob yes"), "ok yes");
+        assert_eq!(normalize("go\u{200d}od"), "good");
+        // Separators part words still.
+        assert_eq!(normalize("a\u{2028}b"), "a b");
+    }
+
+    /// A run parted by Chinese and Japanese punctuation is removed as
+    /// routing reads it.
+    #[test]
+    fn a_run_parted_by_full_width_commas_is_removed() {
+        assert_eq!(normalize("@alice，@bob、请看"), "请看");
+        assert_eq!(normalize("@bob：好的"), "好的");
+    }
+
     #[test]
     fn is_idempotent_on_awkward_inputs() {
         for s in [
@@ -358,6 +397,8 @@ mod tests {
             "@@ @b:c, @d",
             "@\n, ",
             "@x.y\n,@alice hi",
+            "@b\u{200b}ob hi",
+            "\u{feff}@a\u{2028}@b z",
         ] {
             let once = normalize(s);
             assert_eq!(normalize(&once), once, "{s:?}");

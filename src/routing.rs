@@ -166,6 +166,25 @@ mod tests {
         }
     }
 
+    /// An invisible mark before a paragraph's `@name` (a byte-order mark,
+    /// the right-to-left mark of a right-to-left editor) does not hide the
+    /// mention: before, an agent's message went public and a human's to
+    /// no inbox at all.
+    #[test]
+    fn an_invisible_mark_before_a_paragraph_start_mention_is_read_past() {
+        let (w, now) = world();
+        for c in [
+            "\u{feff}@bob look",
+            "\u{200f}@bob look",
+            "hi\n \u{200e}@bob look",
+        ] {
+            for (kind, sender) in [(SenderKind::Human, "hank"), (SenderKind::Agent, "alice")] {
+                let r = route(kind, &n(sender), c, &w, now);
+                assert_eq!((r.public, r.inboxes), (false, vec![n("bob")]), "{c:?}");
+            }
+        }
+    }
+
     #[test]
     fn human_without_mentions_broadcasts_to_every_other_agent() {
         let (w, now) = world();

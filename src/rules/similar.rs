@@ -102,7 +102,15 @@ pub fn words(substance: &str) -> Words {
         }
         hashes.push(WORD_HASHER.hash_one(stem(w)));
         if hashes.len() == MAX_WORDS {
-            break;
+            // Distinct words count toward the cap, not repeats: a run of
+            // one word would fill it, and two messages opening with the
+            // same run would score as one set. (Sorted here, not checked
+            // word by word: most messages never reach the cap.)
+            hashes.sort_unstable();
+            hashes.dedup();
+            if hashes.len() == MAX_WORDS {
+                break;
+            }
         }
     }
     Words::new(hashes)
@@ -260,6 +268,20 @@ mod tests {
         ),
         ("42", "43", false),
     ];
+
+    /// The cap counts distinct words: a long run of one word leaves room
+    /// for the words after it (before, they were cut, and two messages
+    /// opening with the same run scored 1.0).
+    #[test]
+    fn repeated_words_do_not_fill_the_cap() {
+        let run = "retry ".repeat(70);
+        assert_eq!(words(&format!("{run}deploy parser tonight")).len(), 4);
+        let a = words(&format!("{run}deploy the parser tonight"));
+        let b = words(&format!("{run}rollback database now"));
+        assert!(jaccard(&a, &b) < 0.6, "{}", jaccard(&a, &b));
+        let many: Vec<String> = (0..100).map(|i| format!("w{i}")).collect();
+        assert_eq!(words(&many.join(" ")).len(), MAX_WORDS);
+    }
 
     #[test]
     fn reworded_echoes_score_high_and_distinct_answers_low() {
