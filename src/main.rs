@@ -49,6 +49,11 @@ fn init_logs(log: &loopguard::config::LogConfig) {
 fn init_format(log: &loopguard::config::LogConfig, filter: tracing_subscriber::EnvFilter) {
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // A log line that cannot be written (standard error a pipe whose
+        // reader is gone) is lost, not reported: the report goes to
+        // standard error too, with eprintln!, whose panic took the logging
+        // task with it (the signal's: SIGTERM then never stopped loopguard).
+        .log_internal_errors(false)
         .with_env_filter(filter);
     match log.format {
         loopguard::config::LogFormat::Text => builder

@@ -596,6 +596,77 @@ async fn sigterm_before_nats_was_ever_reached_stops_loopguard() {
     assert!(!logs.contains("subscribed raw="), "{logs}");
 }
 
+/// Logs written to a pipe whose reader is gone (a `| tee` that died, a log
+/// shipper restarted) fail with EPIPE: SIGTERM still stops loopguard. Until
+/// 2026-11-24 the logger panicked on its own report of the failed write,
+/// taking the signal's task with it: loopguard never exited, a second
+/// signal did nothing, and only SIGKILL stopped it.
+#[tokio::test]
+async fn sigterm_stops_loopguard_whose_log_pipe_is_closed() {
+    use std::io::BufRead;
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(&config, "").unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_loopguard"));
+    support::clear_loopguard_env(&mut cmd);
+    let mut child = cmd
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "loopguard=debug")
+        .env("LOOPGUARD__NATS__URL", nats.url())
+        .env("LOOPGUARD__HTTP__LISTEN", "127.0.0.1:0")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("loopguard starts");
+    // Read until it is subscribed, then close the pipe's only reader.
+    let stderr = child.stderr.take().unwrap();
+    let reading = std::thread::spawn(move || {
+        let mut seen = String::new();
+        for line in std::io::BufReader::new(stderr).lines() {
+            let line = line.unwrap_or_default();
+            seen.push_str(&line);
+            seen.push('\n');
+            if line.contains("subscribed") {
+                return (true, seen);
+            }
+        }
+        (false, seen)
+    });
+    let (subscribed, seen) = within(
+        "loopguard to subscribe",
+        tokio::task::spawn_blocking(move || reading.join().unwrap()),
+    )
+    .await
+    .unwrap();
+    assert!(subscribed, "{seen}");
+    let pid = child.id().to_string();
+    let signal = |name: &str| {
+        Command::new("kill")
+            .args([&format!("-{name}"), &pid])
+            .status()
+            .expect("kill runs");
+    };
+    signal("TERM");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            break None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let Some(status) = status else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("SIGTERM did not stop loopguard in 30 s with its log pipe closed");
+    };
+    assert_eq!(status.code(), Some(0));
+}
+
 /// A subscription the server's permissions refuse: loopguard says so and
 /// stays unready (nothing comes in on it), where it said ready before.
 #[tokio::test]
