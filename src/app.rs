@@ -887,6 +887,26 @@ async fn connect(
     refusals: &Arc<publish::Refusals>,
 ) -> Result<async_nats::Client, AppError> {
     let config = &settings.config;
+    // Validated at start-up, so these cannot fail here. Credentials in
+    // the URL go as user/password or token (below), not in the address,
+    // which the client's debug lines print whole.
+    let servers: Vec<_> = config
+        .nats
+        .servers()
+        .unwrap_or_default()
+        .into_iter()
+        .map(without_credentials)
+        .collect();
+    // As the logs name them: scheme, host and port.
+    let shown: Vec<String> = servers
+        .iter()
+        .map(|a| {
+            let url = a.clone().into_inner();
+            format!("{}://{}:{}", url.scheme(), a.host(), a.port())
+        })
+        .collect();
+    let tls_used = config.nats.tls.required || servers.iter().any(|a| a.tls_required());
+    let servers_shown: Arc<str> = shown.join(", ").into();
     let was_connected = Arc::new(AtomicBool::new(false));
     let m = metrics.clone();
     let readiness = readiness.clone();
@@ -918,6 +938,7 @@ async fn connect(
             let subjects = subjects.clone();
             let refusals = refusals.clone();
             let refused_logs = refused_logs.clone();
+            let servers_shown = servers_shown.clone();
             async move {
                 match event {
                     async_nats::Event::Connected => {
@@ -996,21 +1017,11 @@ async fn connect(
                             }
                         }
                     }
-                    async_nats::Event::ClientError(e) => m.client_error(&e),
+                    async_nats::Event::ClientError(e) => m.client_error(&e, &servers_shown),
                     other => tracing::warn!(event = %other, "NATS client event"),
                 }
             }
         });
-    // Validated at start-up, so these cannot fail here. Credentials in
-    // the URL go as user/password or token (below), not in the address,
-    // which the client's debug lines print whole.
-    let servers: Vec<_> = config
-        .nats
-        .servers()
-        .unwrap_or_default()
-        .into_iter()
-        .map(without_credentials)
-        .collect();
     let auth = config.nats.auth().unwrap_or(NatsAuth::None);
     let options = match auth {
         // Credentials in the URL, which async-nats ignores, come here as
@@ -1033,11 +1044,8 @@ async fn connect(
         options = options
             .add_client_certificate(tls.cert_file.clone().into(), tls.key_file.clone().into());
     }
-    let hosts: Vec<String> = servers
-        .iter()
-        .map(|a| format!("{}:{}", a.host(), a.port()))
-        .collect();
-    tracing::info!(servers = ?hosts, tls = tls.required, "connecting to NATS");
+    // `tls`: required by the config or by a `tls://` address.
+    tracing::info!(servers = ?shown, tls = tls_used, "connecting to NATS");
     Ok(options.connect(servers).await?)
 }
 

@@ -557,25 +557,22 @@ impl Metrics {
     }
 
     /// Logs an error the NATS client reported (a connection attempt that
-    /// failed), at most once every ten seconds: no message is lost by it,
-    /// so it is not counted as a drop (`loopguard_nats_connected` and
-    /// `LoopguardNatsDisconnected` tell of the outage).
-    pub fn client_error(&self, detail: &dyn std::fmt::Display) {
-        self.log_limited(DropReason::ClientError, detail);
+    /// failed: `detail` says why, `servers` which were tried), at most once
+    /// every ten seconds: no message is lost by it, so it is not counted as
+    /// a drop (`loopguard_nats_connected` and `LoopguardNatsDisconnected`
+    /// tell of the outage).
+    pub fn client_error(&self, detail: &dyn std::fmt::Display, servers: &str) {
+        let Some(since) = self.drop_log[DropReason::ClientError as usize].due() else {
+            return;
+        };
+        tracing::warn!(count = since, %detail, servers, "NATS client error");
     }
 
     fn log_limited(&self, reason: DropReason, detail: &dyn std::fmt::Display) {
         let Some(since) = self.drop_log[reason as usize].due() else {
             return;
         };
-        match reason {
-            DropReason::ClientError => {
-                tracing::warn!(reason = reason.as_str(), count = since, %detail, "NATS client error")
-            }
-            _ => {
-                tracing::warn!(reason = reason.as_str(), count = since, %detail, "messages dropped")
-            }
-        }
+        tracing::warn!(reason = reason.as_str(), count = since, %detail, "messages dropped");
     }
 
     /// The Prometheus text exposition of every metric.

@@ -589,6 +589,16 @@ async fn sigterm_before_nats_was_ever_reached_stops_loopguard() {
     let status = lg.terminate().await;
     let logs = lg.logs();
     assert_eq!(status.code(), Some(0), "{logs}");
+    // The failure names its cause and the server tried (before
+    // 2026-11-24: "IO error", no server).
+    let error = logs
+        .lines()
+        .find(|l| l.contains("NATS client error"))
+        .unwrap_or_default();
+    assert!(
+        error.contains("Connection refused") && error.contains(&format!("nats://127.0.0.1:{port}")),
+        "{error}"
+    );
     assert!(logs.contains("shutdown: signal received"), "{logs}");
     assert!(logs.contains("NATS was never reached"), "{logs}");
     assert!(!logs.contains("grace period over"), "{logs}");
@@ -1134,6 +1144,13 @@ async fn connects_over_tls_with_a_private_ca_and_refuses_an_unknown_one() {
     let addr = untrusted.http_addr().await;
     untrusted.until_logged("NATS client error", 1).await;
     assert_eq!(support::http(&addr, "GET", "/readyz", &[]).await.0, 503);
+    // The line says why: the certificate, not only "IO error".
+    let logs = untrusted.logs();
+    let error = logs
+        .lines()
+        .find(|l| l.contains("NATS client error"))
+        .unwrap_or_default();
+    assert!(error.contains("certificate"), "{error}");
     assert!(
         !trusted.logs().contains("NATS client error"),
         "{}",

@@ -259,9 +259,12 @@ impl Connector {
                             error,
                         ))
                     }
-                    other => {
+                    _ => {
+                        // loopguard: the error with its cause ("IO error:
+                        // Connection refused", a certificate refused), not
+                        // only its kind ("IO error").
                         self.events_tx
-                            .try_send(Event::ClientError(ClientError::Other(other.to_string())))
+                            .try_send(Event::ClientError(ClientError::Other(error.to_string())))
                             .ok();
                     }
                 },
