@@ -565,6 +565,25 @@ impl NatsConfig {
                     ),
                 )
             })?;
+            // `nats:/host` and `nats//host:4222` parse (as host `nats`, the
+            // rest a path), and a path means nothing to a NATS server: a
+            // typo, refused here rather than a connection to host `nats`.
+            // (A websocket address may have a path, which a proxy reads.)
+            let url = addr.clone().into_inner();
+            let pathless = matches!(url.scheme(), "nats" | "tls");
+            if pathless
+                && (!matches!(url.path(), "" | "/")
+                    || url.query().is_some()
+                    || url.fragment().is_some())
+            {
+                return Err(invalid(
+                    "nats.url",
+                    format!(
+                        "{:?} is not a NATS server address: it has a path (write scheme://host:port, e.g. nats://nats:4222)",
+                        without_userinfo(part)
+                    ),
+                ));
+            }
             servers.push(addr);
         }
         if servers.is_empty() {
@@ -2519,6 +2538,29 @@ mod tests {
     fn several_nats_urls_are_accepted() {
         let s = load_toml("[nats]\nurl = \"nats://a:4222, tls://b:4223\"\n", &[]).unwrap();
         assert_eq!(s.config.nats.servers().unwrap().len(), 2);
+        let s = load_toml(
+            "[nats]\nurl = \"nats://a:4222/, b:4223, wss://c/nats\"\n",
+            &[],
+        );
+        assert_eq!(s.unwrap().config.nats.servers().unwrap().len(), 3);
+    }
+
+    /// A scheme mistyped (`nats:/`, `nats//`) parsed as host `nats` with a
+    /// path, and `--check` said OK; so did a path after the port.
+    #[test]
+    fn a_nats_url_with_a_path_is_a_typo_and_refused() {
+        for url in [
+            "nats:/localhost",
+            "nats//localhost:4222",
+            "nats://h:4222/chat",
+            "tls://h:4222?x=1",
+        ] {
+            let e = error_of(&format!("[nats]\nurl = \"{url}\"\n"), &[]);
+            assert!(
+                e.contains("`nats.url`") && e.contains("has a path"),
+                "{url}: {e}"
+            );
+        }
     }
 
     #[test]
