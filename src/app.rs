@@ -454,7 +454,10 @@ fn start_reloads(reload: Reloader, every: u64, judge: &Arc<Judge>, metrics: &Met
     // The version of the file a SIGHUP applied, for the watch: not
     // applied again (and counted twice) when the watch sees it.
     let by_sighup = Arc::new(SighupApplied::default());
-    let watched = path.clone().filter(|_| every > 0);
+    // A pipe (`--config <(…)`) is read once: read again, it would wait for
+    // a writer that is gone.
+    let regular = path.as_deref().is_some_and(std::path::Path::is_file);
+    let watched = path.clone().filter(|_| every > 0 && regular);
     reload_on_sighup(
         hangup,
         load.clone(),
@@ -463,6 +466,11 @@ fn start_reloads(reload: Reloader, every: u64, judge: &Arc<Judge>, metrics: &Met
         watched.map(|path| (path, by_sighup.clone())),
     );
     match (path, every > 0) {
+        (Some(path), true) if !regular => tracing::warn!(
+            watch_seconds = every,
+            path = %path.display(),
+            "reload.watch_seconds is set, but the config file is no regular file (a pipe?): not watched"
+        ),
         (Some(path), true) => {
             tokio::spawn(reload_on_change(
                 load,

@@ -1153,22 +1153,20 @@ impl Config {
                     path: path.display().to_string(),
                 });
             }
-            // Read here first, for errors that name the file (the config
-            // crate's own say only "Permission denied"), and so that a file
-            // that is not UTF-8 is refused rather than read with U+FFFD in
-            // place of its bytes.
-            match std::fs::read(path) {
+            // Read here, once, and handed to the config crate as text: for
+            // errors that name the file (the crate's own say only
+            // "Permission denied"), so that a file that is not UTF-8 is
+            // refused rather than read with U+FFFD in place of its bytes,
+            // and so that a pipe (`--config <(envsubst < t.toml)`,
+            // `/dev/stdin`), which the crate took for a missing file, is
+            // read as any file is.
+            let text = match std::fs::read(path) {
                 Err(e) => return Err(unreadable(e.to_string())),
-                Ok(bytes) if std::str::from_utf8(&bytes).is_err() => {
-                    return Err(unreadable("is not UTF-8 text".into()))
+                Ok(bytes) => {
+                    String::from_utf8(bytes).map_err(|_| unreadable("is not UTF-8 text".into()))?
                 }
-                Ok(_) => {}
-            }
-            builder = builder.add_source(
-                config::File::from(path)
-                    .format(config::FileFormat::Toml)
-                    .required(true),
-            );
+            };
+            builder = builder.add_source(config::File::from_str(&text, config::FileFormat::Toml));
         }
         builder = builder.add_source(
             config::Environment::with_prefix("LOOPGUARD")
@@ -1181,7 +1179,9 @@ impl Config {
         }
         let built = builder.build().map_err(|e| match e {
             config::ConfigError::FileParse { uri, cause } => ConfigError::Unreadable {
-                path: uri.unwrap_or_default(),
+                path: uri
+                    .or_else(|| path.map(|p| p.display().to_string()))
+                    .unwrap_or_default(),
                 message: without_source_lines(&cause.to_string()),
             },
             e => e.into(),

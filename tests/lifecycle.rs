@@ -48,6 +48,40 @@ fn check_accepts_the_shipped_config_and_the_defaults() {
     assert_eq!(code, 0, "{text}");
 }
 
+/// A config read from a pipe (`--config /dev/stdin`, `--config <(envsubst
+/// < t.toml)`) is read as a file is: until 2026-11-24 it was "not found"
+/// (the config crate read the path again, and took a pipe for no file).
+#[test]
+fn a_config_from_a_pipe_is_read() {
+    use std::io::Write;
+    for (toml, code, says) in [
+        ("[rules.turns]\nmax = 5\n", 0, "configuration OK"),
+        ("mode = \"loud\"\n", 2, "`mode`"),
+        ("[rules.turns\n", 2, "/dev/stdin: TOML parse error"),
+    ] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_loopguard"));
+        support::clear_loopguard_env(&mut cmd);
+        let mut child = cmd
+            .args(["--check", "--config", "/dev/stdin"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("binary runs");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(toml.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{toml:?}: {text}");
+        assert!(text.contains(says), "{toml:?}: {text}");
+    }
+}
+
 /// `LOOPGUARD_CONFIG` names the file `--config` does not; set but empty, it
 /// is refused naming itself (clap's error named `--config`, not given), and
 /// `--check` exits 0 or 2 even when its output cannot be written (it
