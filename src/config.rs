@@ -1756,10 +1756,17 @@ fn env_overrides(
         }
         match known.get(&key) {
             None => {
-                return Err(ConfigError::Env {
-                    var,
-                    message: format!("no config key `{key}`"),
-                })
+                // `LOOPGUARD__RULES__TURNS_MAX`: a section boundary written
+                // with one underscore.
+                let flat = key.replace('.', "_");
+                let message = match known.keys().find(|k| k.replace('.', "_") == flat) {
+                    Some(near) => format!(
+                        "no config key `{key}`; for `{near}` write {ENV_PREFIX}{}",
+                        near.to_ascii_uppercase().replace('.', "__")
+                    ),
+                    None => format!("no config key `{key}`"),
+                };
+                return Err(ConfigError::Env { var, message });
             }
             Some(Leaf::List) => match serde_json::from_str::<Vec<String>>(&value) {
                 Ok(items) => lists.push((key, items)),
@@ -2472,6 +2479,20 @@ mod tests {
             (
                 "LOOPGUARD_RULES_DUPLICATE_WINDOW_SECONDS",
                 "LOOPGUARD__RULES__DUPLICATE__WINDOW_SECONDS",
+            ),
+        ] {
+            let e = error_of("", &[(var, "1")]);
+            assert!(e.contains(var) && e.contains(meant), "{e}");
+        }
+        // A section boundary written with one underscore is named.
+        for (var, meant) in [
+            (
+                "LOOPGUARD__RULES__TURNS_MAX",
+                "LOOPGUARD__RULES__TURNS__MAX",
+            ),
+            (
+                "LOOPGUARD__NATS__JETSTREAM_ENABLED",
+                "LOOPGUARD__NATS__JETSTREAM__ENABLED",
             ),
         ] {
             let e = error_of("", &[(var, "1")]);
