@@ -1187,7 +1187,7 @@ impl Config {
             e => e.into(),
         })?;
         check_kinds(&built, &known, &set_by)?;
-        let config: Config = built.try_deserialize()?;
+        let config: Config = built.try_deserialize().map_err(|e| explained(e, &known))?;
         config.validate()
     }
 
@@ -1900,6 +1900,31 @@ fn check_kinds(
     Ok(())
 }
 
+/// The config crate's error, with what two common mistakes need said:
+/// a top-level key written after a `[table]`, which TOML puts in that
+/// table ("unknown field `mode` … for key `conversation`"), and a value
+/// where a table belongs, which serde names by its Rust type ("expected
+/// struct TurnsLimit").
+fn explained(e: config::ConfigError, known: &BTreeMap<String, Leaf>) -> ConfigError {
+    let text = e.to_string();
+    let field = text
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split_once('`'))
+        .map(|(field, _)| field);
+    if let Some(field) = field.filter(|f| known.contains_key(*f) && text.contains(" for key `")) {
+        return ConfigError::Load(config::ConfigError::Message(format!(
+            "{text} (`{field}` is a top-level key: in TOML a key after a [section] header belongs to that section, so write it above the first one)"
+        )));
+    }
+    if let Some((before, after)) = text.split_once("expected struct ") {
+        let rest = after.split_once(' ').map_or("", |(_, rest)| rest);
+        return ConfigError::Load(config::ConfigError::Message(format!(
+            "{before}expected a table (a [section] of its own keys) {rest}"
+        )));
+    }
+    ConfigError::Load(e)
+}
+
 /// A value as an error names it: a string quoted.
 fn shown(kind: config::ValueKind) -> String {
     match kind {
@@ -2553,6 +2578,31 @@ mod tests {
                 "{good:?}"
             );
         }
+    }
+
+    /// A top-level key after a table, and a value where a table belongs,
+    /// are explained (the errors named the wrong table, and a Rust type).
+    #[test]
+    fn common_toml_mistakes_are_explained() {
+        let e = error_of(
+            "[conversation]\nwindow_seconds = 60\nmode = \"observe\"\n",
+            &[],
+        );
+        assert!(
+            e.contains("`mode` is a top-level key") && e.contains("conversation"),
+            "{e}"
+        );
+        for (toml, key) in [
+            ("[rules]\nturns = 10\n", "rules.turns"),
+            ("[nats]\ntls = true\n", "nats.tls"),
+        ] {
+            let e = error_of(toml, &[]);
+            assert!(e.contains("expected a table") && e.contains(key), "{e}");
+            assert!(!e.contains("struct"), "{e}");
+        }
+        // An unknown key of the section itself is not a misplaced one.
+        let e = error_of("[conversation]\nwindow = 60\n", &[]);
+        assert!(!e.contains("top-level"), "{e}");
     }
 
     #[test]
