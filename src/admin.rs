@@ -161,11 +161,34 @@ impl Readiness {
     }
 
     pub fn is_ready(&self) -> bool {
-        self.subscribed.load(Ordering::SeqCst)
-            && !self.draining.load(Ordering::SeqCst)
-            && !self.refused.load(Ordering::SeqCst)
-            && self.connected() == Some(true)
-            && self.confirmed()
+        self.not_ready().is_none()
+    }
+
+    /// Why loopguard is not ready, the first reason that holds (`None`:
+    /// ready), for `/readyz` to say: the on-call engineer reads the cause
+    /// there, not only in the log.
+    pub fn not_ready(&self) -> Option<&'static str> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Some("draining: loopguard is shutting down");
+        }
+        if self.refused.load(Ordering::SeqCst) {
+            return Some("the server refused a subscription (permissions): see the log");
+        }
+        if self.client.get().is_none() {
+            return Some("not subscribed yet: NATS not reached, or the JetStream stream and consumer still being set up");
+        }
+        if !self.subscribed.load(Ordering::SeqCst) {
+            return Some(
+                "not subscribed: the JetStream consumer was lost and is being opened again",
+            );
+        }
+        if self.connected() != Some(true) {
+            return Some("not connected to NATS: reconnecting");
+        }
+        if !self.confirmed() {
+            return Some("connected again; the server has not yet confirmed the subscriptions");
+        }
+        None
     }
 }
 
@@ -498,15 +521,15 @@ pub fn handle<B>(admin: &Admin, req: Request<B>) -> Reply {
         }
         (&Method::GET, ["healthz"]) => text(StatusCode::OK, "ok\n"),
         (&Method::GET, ["readyz"]) => {
-            let ready = admin.readiness.is_ready();
-            admin.metrics.ready.set(i64::from(ready));
-            if ready {
-                text(StatusCode::OK, "ready\n")
-            } else {
-                text(
+            let why = admin.readiness.not_ready();
+            admin.metrics.ready.set(i64::from(why.is_none()));
+            match why {
+                None => text(StatusCode::OK, "ready\n"),
+                Some(why) => reply(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "not ready: not connected to NATS, not subscribed (or the JetStream consumer is lost, or the server refused a subscription: see the log), or draining\n",
-                )
+                    "text/plain; charset=utf-8",
+                    format!("not ready: {why}\n"),
+                ),
             }
         }
         (&Method::GET, ["v1", "worlds", world]) => world_view(admin, world),

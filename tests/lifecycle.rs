@@ -725,6 +725,7 @@ async fn a_subscription_the_server_refuses_leaves_loopguard_unready() {
     let addr = lg.http_addr().await;
     let (status, body) = support::http(&addr, "GET", "/readyz", &[]).await;
     assert_eq!(status, 503, "{body}");
+    assert!(body.contains("refused a subscription"), "{body}");
     assert!(lg.logs().contains("chat.raw.>"), "{}", lg.logs());
 }
 

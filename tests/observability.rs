@@ -418,6 +418,11 @@ async fn readyz_is_503_while_nats_is_down_and_200_after_it_returns_on_the_same_p
     let port = h.nats.port;
     h.nats.stop();
     support::until_readyz(&addr, 503).await;
+    let body = http(&addr, "GET", "/readyz", &[]).await.1;
+    assert_eq!(
+        body.trim(),
+        "not ready: not connected to NATS: reconnecting"
+    );
     assert_eq!(
         Scrape::take(&addr)
             .await
@@ -516,6 +521,39 @@ async fn readiness_waits_for_a_round_trip_on_each_new_connection() {
     .await;
 }
 
+/// From the signal on, `/readyz` answers 503 and says loopguard is
+/// draining (a load balancer stops sending), while the drain still waits
+/// for a policy answer.
+#[tokio::test]
+async fn readyz_says_draining_from_the_signal_on() {
+    use futures::StreamExt;
+    let nats = NatsServer::start();
+    let client = support::within("connect", async_nats::connect(nats.url()))
+        .await
+        .unwrap();
+    let mut asked = client.subscribe("policy.check").await.unwrap();
+    support::within("subscribed", client.flush()).await.unwrap();
+    let lg = support::Loopguard::spawn(
+        &nats.url(),
+        "[shutdown]\ngrace_seconds = 120\n[rules.policy]\nsubject = \"policy.check\"\ntimeout_ms = 10000\n",
+    );
+    lg.until_ready().await;
+    let addr = lg.http_addr().await;
+    client
+        .publish("chat.raw.w.agent.a", "hello".into())
+        .await
+        .unwrap();
+    support::within("the policy question", asked.next()).await;
+    lg.signal("TERM");
+    lg.until_logged("shutdown: signal received", 1).await;
+    let (status, body) = http(&addr, "GET", "/readyz", &[]).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        body.trim(),
+        "not ready: draining: loopguard is shutting down"
+    );
+}
+
 #[tokio::test]
 async fn readyz_is_503_before_nats_is_reachable() {
     let (_held, port) = support::reserve_port();
@@ -524,7 +562,10 @@ async fn readyz_is_503_before_nats_is_reachable() {
     // It has tried NATS and failed, not merely not tried yet.
     lg.until_logged("NATS client error", 1).await;
     assert_eq!(http(&addr, "GET", "/healthz", &[]).await.0, 200);
-    assert_eq!(http(&addr, "GET", "/readyz", &[]).await.0, 503);
+    // The body says which reason holds, of all that could.
+    let (status, body) = http(&addr, "GET", "/readyz", &[]).await;
+    assert_eq!(status, 503);
+    assert_eq!(body.trim(), "not ready: not subscribed yet: NATS not reached, or the JetStream stream and consumer still being set up");
 }
 
 #[tokio::test]

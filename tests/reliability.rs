@@ -1752,7 +1752,9 @@ async fn a_consumer_deleted_under_loopguard_is_opened_again() {
     // Not ready from the loss noticed: until 2026-11-24 only from the
     // reopening.
     let addr = lg.http_addr().await;
-    assert_eq!(http(&addr, "GET", "/readyz", &[]).await.0, 503);
+    let (status, body) = http(&addr, "GET", "/readyz", &[]).await;
+    assert_eq!(status, 503);
+    assert!(body.contains("consumer was lost"), "{body}");
     std::fs::write(&release, "").unwrap();
     publish_messages(&js, N / 2..N).await;
 
