@@ -141,7 +141,8 @@ impl Readiness {
         self.subscribed.store(false, Ordering::SeqCst);
     }
 
-    /// Called when the server refuses a subscription.
+    /// Called when the server refuses a subscription, or a JetStream pull
+    /// or acknowledgement.
     pub fn refused(&self) {
         self.refused.store(true, Ordering::SeqCst);
     }
@@ -172,7 +173,7 @@ impl Readiness {
             return Some("draining: loopguard is shutting down");
         }
         if self.refused.load(Ordering::SeqCst) {
-            return Some("the server refused a subscription (permissions): see the log");
+            return Some("the server refused a subscription, pull or acknowledgement (permissions): see the log");
         }
         if self.client.get().is_none() {
             return Some("not subscribed yet: NATS not reached, or the JetStream stream and consumer still being set up");
@@ -835,6 +836,19 @@ mod tests {
                 proptest::prop_assert!(serde_json::from_slice::<serde_json::Value>(&body).is_ok());
             }
         }
+    }
+
+    /// `/readyz` names the first reason that holds: draining before a
+    /// refusal, a refusal before set-up.
+    #[test]
+    fn not_ready_names_the_first_reason_that_holds() {
+        let r = Readiness::default();
+        assert!(r.not_ready().unwrap().starts_with("not subscribed yet"));
+        r.refused();
+        assert!(r.not_ready().unwrap().contains("refused"));
+        r.draining();
+        assert!(r.not_ready().unwrap().starts_with("draining"));
+        assert!(!r.is_ready());
     }
 
     /// A reload that lists agents in a world grows it: shown by the view

@@ -839,7 +839,10 @@ async fn a_refused_jetstream_set_up_call_is_retried_until_granted() {
         .await;
     assert!(lg.logs().contains("$JS.API.STREAM.LIST"), "{}", lg.logs());
     let addr = lg.http_addr().await;
-    assert_eq!(support::http(&addr, "GET", "/readyz", &[]).await.0, 503);
+    let (status, body) = support::http(&addr, "GET", "/readyz", &[]).await;
+    assert_eq!(status, 503, "{body}");
+    // Still setting up, not refused for good.
+    assert!(body.contains("not subscribed yet"), "{body}");
     std::fs::write(&restricted.conf, users("")).unwrap();
     nats.reload();
     lg.until_ready().await;
