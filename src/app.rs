@@ -771,7 +771,15 @@ async fn retrying<T>(
             result = open() => match result {
                 Ok(opened) => return Ok(Some(opened)),
                 Err(e) if e.is_misconfiguration() => return Err(e.into()),
-                Err(e) => tracing::warn!(error = %e, "JetStream set-up failed; retrying in 2s"),
+                Err(e) => {
+                    // The server's answer when JetStream is off there.
+                    let text = e.to_string().to_ascii_lowercase();
+                    if text.contains("unavailable") || text.contains("not enabled") {
+                        tracing::warn!(error = %e, hint = "is JetStream on in the server (nats-server -js, or a jetstream block in its config)?", "JetStream set-up failed; retrying in 2s");
+                    } else {
+                        tracing::warn!(error = %e, "JetStream set-up failed; retrying in 2s");
+                    }
+                }
             },
         }
         tokio::select! {

@@ -1214,7 +1214,10 @@ impl Config {
         self.http.listen.parse::<SocketAddr>().map_err(|e| {
             invalid(
                 "http.listen",
-                format!("{:?} is not an address: {e}", self.http.listen),
+                format!(
+                    "{:?} is not an address: {e} (write IP:port, e.g. 0.0.0.0:9464 or 127.0.0.1:9464; host names are not resolved)",
+                    self.http.listen
+                ),
             )
         })?;
         // A header value cannot carry a control character (a tab aside),

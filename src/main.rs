@@ -17,7 +17,7 @@ const EXIT_CONFIG: u8 = 2;
 struct Args {
     /// TOML configuration file (else the file LOOPGUARD_CONFIG names);
     /// without one the built-in defaults apply.
-    #[arg(long, value_name = "PATH")]
+    #[arg(short = 'c', long, value_name = "PATH")]
     config: Option<PathBuf>,
     /// Validate the configuration, print the outcome, and exit (0 valid, 2 not).
     #[arg(long)]
