@@ -454,8 +454,8 @@ fn start_reloads(reload: Reloader, every: u64, judge: &Arc<Judge>, metrics: &Met
     // The version of the file a SIGHUP applied, for the watch: not
     // applied again (and counted twice) when the watch sees it.
     let by_sighup = Arc::new(SighupApplied::default());
-    // A pipe (`--config <(…)`) is read once: read again, it would wait for
-    // a writer that is gone.
+    // A pipe (`--config <(…)`, `/dev/stdin`) is read once: read again, it
+    // is empty (all defaults) or waits for a writer that is gone.
     let regular = path.as_deref().is_some_and(std::path::Path::is_file);
     let watched = path.clone().filter(|_| every > 0 && regular);
     reload_on_sighup(
@@ -464,6 +464,7 @@ fn start_reloads(reload: Reloader, every: u64, judge: &Arc<Judge>, metrics: &Met
         judge.clone(),
         metrics.clone(),
         watched.map(|path| (path, by_sighup.clone())),
+        path.is_some() && !regular,
     );
     match (path, every > 0) {
         (Some(path), true) if !regular => tracing::warn!(
@@ -708,10 +709,16 @@ fn reload_on_sighup(
     judge: Arc<Judge>,
     metrics: Metrics,
     watched: Option<(std::path::PathBuf, Arc<SighupApplied>)>,
+    from_a_pipe: bool,
 ) {
     tokio::spawn(async move {
         loop {
             hangup.recv().await;
+            if from_a_pipe {
+                // Read again, it would give all defaults: nothing applied.
+                tracing::warn!("SIGHUP: the config file is no regular file (a pipe?), read once at start; the running configuration stays (restart to change it)");
+                continue;
+            }
             // Taken before the file is read, as at start (`loaded`): a
             // change made meanwhile is the watch's to apply.
             let version = match &watched {
@@ -918,7 +925,9 @@ async fn connect(
         .iter()
         .map(|a| {
             let url = a.clone().into_inner();
-            format!("{}://{}:{}", url.scheme(), a.host(), a.port())
+            // `host_str`: an IPv6 address in its brackets.
+            let host = url.host_str().unwrap_or_else(|| a.host());
+            format!("{}://{host}:{}", url.scheme(), a.port())
         })
         .collect();
     let tls_used = config.nats.tls.required || servers.iter().any(|a| a.tls_required());

@@ -579,7 +579,7 @@ impl NatsConfig {
                 return Err(invalid(
                     "nats.url",
                     format!(
-                        "{:?} is not a NATS server address: it has a path (write scheme://host:port, e.g. nats://nats:4222)",
+                        "{:?} is not a NATS server address: it has a path, query or fragment (write scheme://host:port, e.g. nats://nats:4222)",
                         without_userinfo(part)
                     ),
                 ));
@@ -1187,7 +1187,9 @@ impl Config {
             e => e.into(),
         })?;
         check_kinds(&built, &known, &set_by)?;
-        let config: Config = built.try_deserialize().map_err(|e| explained(e, &known))?;
+        let config: Config = built
+            .try_deserialize()
+            .map_err(|e| explained(&e, &known, path, &set_by))?;
         config.validate()
     }
 
@@ -1908,24 +1910,37 @@ fn check_kinds(
 /// table ("unknown field `mode` … for key `conversation`"), and a value
 /// where a table belongs, which serde names by its Rust type ("expected
 /// struct TurnsLimit").
-fn explained(e: config::ConfigError, known: &BTreeMap<String, Leaf>) -> ConfigError {
-    let text = e.to_string();
+fn explained(
+    e: &config::ConfigError,
+    known: &BTreeMap<String, Leaf>,
+    path: Option<&Path>,
+    set_by: &HashMap<String, String>,
+) -> ConfigError {
+    let mut text = e.to_string();
     let field = text
         .strip_prefix("unknown field `")
         .and_then(|rest| rest.split_once('`'))
-        .map(|(field, _)| field);
-    if let Some(field) = field.filter(|f| known.contains_key(*f) && text.contains(" for key `")) {
-        return ConfigError::Load(config::ConfigError::Message(format!(
+        .map(|(field, _)| field.to_owned());
+    if let Some(field) = field.filter(|f| known.contains_key(f) && text.contains(" for key `")) {
+        text = format!(
             "{text} (`{field}` is a top-level key: in TOML a key after a [section] header belongs to that section, so write it above the first one)"
-        )));
-    }
-    if let Some((before, after)) = text.split_once("expected struct ") {
+        );
+    } else if let Some((before, after)) = text.split_once("expected struct ") {
         let rest = after.split_once(' ').map_or("", |(_, rest)| rest);
-        return ConfigError::Load(config::ConfigError::Message(format!(
-            "{before}expected a table (a [section] of its own keys) {rest}"
-        )));
+        text = format!("{before}expected a table (a [section] of its own keys) {rest}");
     }
-    ConfigError::Load(e)
+    // The file is read as text (see `load`), so the crate's errors name no
+    // file: say which, unless the key came from the environment.
+    let key = text
+        .rsplit_once(" for key `")
+        .and_then(|(_, rest)| rest.split_once('`'))
+        .map(|(key, _)| key.to_owned());
+    if let (Some(path), Some(key)) = (path, key) {
+        if !set_by.contains_key(&key) {
+            text = format!("{text} in {}", path.display());
+        }
+    }
+    ConfigError::Load(config::ConfigError::Message(text))
 }
 
 /// A value as an error names it: a string quoted.
@@ -2606,6 +2621,19 @@ mod tests {
         // An unknown key of the section itself is not a misplaced one.
         let e = error_of("[conversation]\nwindow = 60\n", &[]);
         assert!(!e.contains("top-level"), "{e}");
+        // Each names the file (read as text, the crate's errors named
+        // none).
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        file.write_all(b"[conversation]\nconclusion_phrases = \"x\"\n")
+            .unwrap();
+        let e = Config::load(Some(file.path()), Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("conversation.conclusion_phrases")
+                && e.contains(&file.path().display().to_string()),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! Mention parsing (contract §3), pure and allocation-light.
 //!
 //! A *paragraph-start* mention is `@name` at the start of the content or right
-//! after a newline, after optional spaces or tabs (and invisible marks: a
-//! byte-order mark, a bidirectional mark, a zero-width space). Several in a
-//! row count, separated by spaces, tabs or commas; the run goes on past
-//! tokens that are not names. A token ends at a space, tab, comma, CR or LF, and may close
+//! after a newline, after optional spaces or tabs. Several in a row count,
+//! separated by spaces, tabs or commas; the run goes on past tokens that
+//! are not names. Invisible marks (a byte-order mark, a bidirectional mark,
+//! a zero-width space or joiner) count as spaces throughout the run, as
+//! normalisation reads them. A token ends at a space, tab, comma, CR or LF, and may close
 //! with punctuation that ends a phrase: `:`, `.`, `!`, `?`, `;`, as many as
 //! written (`@alice: …`, `@bob. can you…`, `@carol?!`). Chinese and
 //! Japanese punctuation (`，`, `、`, `：`, `；`, `！`, `？`, `。`, `．`) ends a
@@ -113,11 +114,17 @@ fn leading_run<'a>(p: &'a str, mut found: impl FnMut(RunToken<'a>)) -> usize {
     while i < b.len() && b[i] == b'@' {
         let tok_start = i + 1;
         let mut j = tok_start;
-        while j < b.len()
-            && !matches!(b[j], b' ' | b'\t' | b',' | b'\r')
-            && wide_punctuation(&b[j..]) == 0
-        {
-            j += 1;
+        while j < b.len() {
+            match b[j] {
+                b' ' | b'\t' | b',' | b'\r' => break,
+                c if c < 0x80 => j += 1,
+                // A character at a time past ASCII (`j` stays on a
+                // character boundary).
+                _ => match parts_run(p, j) {
+                    Some(_) => break,
+                    None => j += p[j..].chars().next().map_or(1, char::len_utf8),
+                },
+            }
         }
         let tok = without_closing(&p[tok_start..j]);
         found(if is_name(tok) {
@@ -125,30 +132,30 @@ fn leading_run<'a>(p: &'a str, mut found: impl FnMut(RunToken<'a>)) -> usize {
         } else {
             RunToken::Plain(i..j)
         });
-        i = skip_separators(b, j);
+        i = skip_separators(p, j);
     }
     i
 }
 
-/// The length of the [`WIDE_PUNCTUATION`] character `b` starts with, else
-/// 0 (each is three bytes of UTF-8).
-fn wide_punctuation(b: &[u8]) -> usize {
-    match b {
-        [0xEF, 0xBC, 0x8C | 0x9A | 0x9B | 0x81 | 0x9F | 0x8E, ..]
-        | [0xE3, 0x80, 0x81 | 0x82, ..] => 3,
-        _ => 0,
-    }
+/// The length of the non-ASCII character at `p[i..]` when it ends a run's
+/// token and parts its tokens: [`WIDE_PUNCTUATION`], or an invisible mark
+/// (which counts as a space, as normalisation reads it).
+fn parts_run(p: &str, i: usize) -> Option<usize> {
+    let c = p.get(i..)?.chars().next()?;
+    (WIDE_PUNCTUATION.contains(&c) || crate::names::is_invisible_mark(c)).then(|| c.len_utf8())
 }
 
-/// Past the spaces, tabs, commas and [`WIDE_PUNCTUATION`] between a run's
-/// tokens.
-fn skip_separators(b: &[u8], mut i: usize) -> usize {
+/// Past the spaces, tabs, commas, [`WIDE_PUNCTUATION`] and invisible marks
+/// between a run's tokens.
+fn skip_separators(p: &str, mut i: usize) -> usize {
+    let b = p.as_bytes();
     while i < b.len() {
         match b[i] {
             b' ' | b'\t' | b',' => i += 1,
-            _ => match wide_punctuation(&b[i..]) {
-                0 => break,
-                n => i += n,
+            c if c < 0x80 => break,
+            _ => match parts_run(p, i) {
+                Some(n) => i += n,
+                None => break,
             },
         }
     }
@@ -205,7 +212,7 @@ fn joins_word(c: char) -> bool {
 /// Where a paragraph's text begins: past spaces and tabs, and past the
 /// invisible marks an editor may put there (a byte-order mark, a
 /// right-to-left mark before an `@name` in a right-to-left paragraph),
-/// which hide nothing a reader sees.
+/// which count as spaces: they hide nothing a reader sees.
 fn skip_indent(p: &str) -> usize {
     let b = p.as_bytes();
     let mut i = 0;
@@ -275,10 +282,24 @@ mod tests {
         assert_eq!(leading_of("@alice：@bob 好"), ["alice", "bob"]);
         for c in WIDE_PUNCTUATION {
             assert_eq!(leading_of(&format!("@bob{c}x")), ["bob"], "{c}");
-            assert_eq!(wide_punctuation(c.to_string().as_bytes()), 3, "{c}");
         }
         // Other full-width characters are no punctuation here.
         assert!(leading_of("@bob（x").is_empty());
+    }
+
+    /// Invisible marks count as spaces in the run: before each name (a
+    /// right-to-left editor's marks), after one, and as its end.
+    #[test]
+    fn invisible_marks_in_a_run_count_as_spaces() {
+        assert_eq!(
+            leading_of("\u{200f}@alice \u{200f}@bob hi"),
+            ["alice", "bob"]
+        );
+        assert_eq!(leading_of("@alice\u{200f} @bob"), ["alice", "bob"]);
+        assert_eq!(leading_of("@al\u{200b}ice hi"), ["al"]);
+        assert!(leading_of("@\u{200f}alice").is_empty());
+        // Other non-ASCII characters still make a token plain text.
+        assert!(leading_of("@bob\u{e9} hi").is_empty());
     }
 
     /// An `@` after a `/` is inside a path or address, not a mention (a

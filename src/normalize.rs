@@ -12,9 +12,9 @@
 //! paragraph joined after it.)
 //!
 //! Invisible marks (a byte-order mark, bidirectional marks, zero-width
-//! spaces and joiners: [`crate::names::is_invisible_mark`]) are removed
-//! first: they show nothing, so they neither make a message new nor hide
-//! a paragraph's mentions.
+//! spaces and joiners: [`crate::names::is_invisible_mark`]) count as
+//! spaces, as routing reads them: they show nothing, so they neither make
+//! a message new nor hide a paragraph's mentions.
 //!
 //! Paragraph starts here skip any Unicode whitespace, not only spaces and
 //! tabs as routing does: otherwise a run hidden behind a no-break space would
@@ -38,11 +38,15 @@ pub fn normalize(content: &str) -> String {
 /// already tidy (single spaces between words), else a word at a time, and
 /// lowercased in place; every path produces the same text.
 pub fn normalize_into(content: &str, out: &mut String) {
-    // Invisible marks show nothing, so they make no message different:
-    // `sounds\u{200b} good` is `sounds good`, and a byte-order mark before a
-    // paragraph's `@name` does not keep it (routing reads past it too).
+    // Invisible marks show nothing: each counts as a space, as routing
+    // reads them in a paragraph's run, so `sounds\u{200b} good` is `sounds
+    // good` and a byte-order mark before a paragraph's `@name` does not
+    // keep it.
     if !content.is_ascii() && content.chars().any(is_invisible_mark) {
-        let visible: String = content.chars().filter(|&c| !is_invisible_mark(c)).collect();
+        let visible: String = content
+            .chars()
+            .map(|c| if is_invisible_mark(c) { ' ' } else { c })
+            .collect();
         return normalize_into(&visible, out);
     }
     let start = out.len();
@@ -207,7 +211,13 @@ mod tests {
     fn reference(content: &str) -> String {
         let visible: String = content
             .chars()
-            .filter(|&c| !crate::names::is_invisible_mark(c))
+            .map(|c| {
+                if crate::names::is_invisible_mark(c) {
+                    ' '
+                } else {
+                    c
+                }
+            })
             .collect();
         let words: Vec<String> = visible
             .split('\n')
@@ -370,7 +380,11 @@ mod tests {
         assert_eq!(normalize("sounds\u{200b} good"), normalize("sounds good"));
         assert_eq!(normalize("\u{feff}@bob same"), normalize("@carol same"));
         assert_eq!(normalize("ok\n\u{200f}@bob yes"), "ok yes");
-        assert_eq!(normalize("go\u{200d}od"), "good");
+        assert_eq!(normalize("go\u{200d}od"), "go od");
+        // As routing's run reads them.
+        assert_eq!(normalize("\u{200f}@alice \u{200f}@bob hi"), "hi");
+        assert_eq!(normalize("@alice\u{200f} @bob hi"), "hi");
+        assert_eq!(normalize("@al\u{200b}ice hi"), "ice hi");
         // Separators part words still.
         assert_eq!(normalize("a\u{2028}b"), "a b");
     }

@@ -82,6 +82,34 @@ fn a_config_from_a_pipe_is_read() {
     }
 }
 
+/// A config read from a pipe runs as written; a SIGHUP cannot read the
+/// pipe again (it would be empty: all defaults), so it changes nothing and
+/// says so, where it applied the defaults.
+#[tokio::test]
+async fn a_sighup_leaves_a_config_read_from_a_pipe_in_force() {
+    let nats = NatsServer::start();
+    let lg = Loopguard::spawn_piped(&nats.url(), "mode = \"observe\"\n");
+    lg.until_ready().await;
+    lg.signal("HUP");
+    lg.until_logged("SIGHUP: the config file is no regular file", 1)
+        .await;
+    let addr = lg.http_addr().await;
+    let scrape = support::Scrape::take(&addr).await;
+    assert_eq!(
+        scrape.get("loopguard_config_reloads_total", &[("result", "success")]),
+        0.0,
+        "{}",
+        lg.logs()
+    );
+    // Started as written (observe), and nothing reloaded since.
+    assert!(lg.logs().contains("mode=Observe"), "{}", lg.logs());
+    assert!(
+        !lg.logs().contains("configuration reloaded"),
+        "{}",
+        lg.logs()
+    );
+}
+
 /// `LOOPGUARD_CONFIG` names the file `--config` does not; set but empty, it
 /// is refused naming itself (clap's error named `--config`, not given), and
 /// `--check` exits 0 or 2 even when its output cannot be written (it

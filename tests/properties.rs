@@ -62,6 +62,13 @@ fn content() -> impl Strategy<Value = String> {
                 Just("\r\n".to_string()),
                 Just(" \t".to_string()),
                 Just("\u{a0}".to_string()),
+                // Invisible marks and Chinese punctuation, which part a
+                // run's tokens.
+                Just("\u{200f}".to_string()),
+                Just("\u{200b}".to_string()),
+                Just("\u{feff}".to_string()),
+                Just("，".to_string()),
+                Just("：".to_string()),
                 Just("<world>pass</world>".to_string()),
                 "[a-z .>*]{0,6}",
                 ".{0,4}",

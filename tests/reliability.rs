@@ -1290,17 +1290,18 @@ async fn messages_held_back_longer_than_ack_wait_are_not_delivered_again() {
 /// queue included. Here the worker holds back as many messages as it may
 /// behind its world's policy request, so the next one (an agent's) waits in
 /// its queue for three quarters of `ack_wait` (60 s), then asks the policy
-/// service itself, which takes 15 s to answer. Told in progress only a third
-/// of `ack_wait` after it asked (as until 2026-11-24), its `ack_wait` ran out
-/// before the answer and the server delivered it again; told at once, it is
-/// not, with 15 s for the worker to reach it (a loaded machine's slack).
+/// service itself, which takes 18 s to answer. Told in progress only a third
+/// of `ack_wait` (20 s) after it asked (as until 2026-11-24), its `ack_wait`
+/// ran out at least 3 s before the answer and the server delivered it
+/// again; told at once, it is not, with 15 s for the worker to reach it (a
+/// loaded machine's slack).
 #[tokio::test]
 async fn a_message_that_queued_most_of_ack_wait_is_told_in_progress_at_once() {
     const N: usize = loopguard::ingest::MAX_PARKED + 2;
     let nats = NatsServer::start_jetstream();
     let (client, js) = connect(&nats).await;
     egress_stream(&js).await;
-    // The first question waits for `open`; later ones take 15 s each.
+    // The first question waits for `open`; later ones take 18 s each.
     let mut requests = within("subscribe", client.subscribe("policy.check"))
         .await
         .unwrap();
@@ -1318,7 +1319,7 @@ async fn a_message_that_queued_most_of_ack_wait_is_told_in_progress_at_once() {
         while let Some(reply) = requests.next().await.and_then(|m| m.reply) {
             let answering = answering.clone();
             tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_secs(15)).await;
+                tokio::time::sleep(Duration::from_secs(18)).await;
                 let _ = answering
                     .publish(reply, r#"{"decision":"approve"}"#.into())
                     .await;
@@ -1360,7 +1361,7 @@ async fn a_message_that_queued_most_of_ack_wait_is_told_in_progress_at_once() {
     until_delivered(&js, N).await;
     tokio::time::sleep(Duration::from_secs(45)).await;
     let _ = open.send(());
-    // The last question is answered 15 s after it is asked: past the
+    // The last question is answered 18 s after it is asked: past the
     // `ack_wait` of the message's delivery.
     until_stream_holds(&js, "EGRESS", N as u64, &lg).await;
     until_ingest_acknowledged(&js, &lg).await;
@@ -1724,7 +1725,9 @@ async fn a_status_line_a_publisher_wrote_does_not_stall_its_message() {
 /// The consumer is deleted while loopguard runs (`nats consumer rm`, which
 /// loopguard's own warning about changed settings advises): the server
 /// ends loopguard's pull. loopguard opens the consumer again and goes on;
-/// it used to take the end for a shutdown, drain and exit 0.
+/// it used to take the end for a shutdown, drain and exit 0. (Debug
+/// builds: the reopening is held by a test fault.)
+#[cfg(debug_assertions)]
 #[tokio::test]
 async fn a_consumer_deleted_under_loopguard_is_opened_again() {
     const N: usize = 20;

@@ -100,14 +100,13 @@ pub fn words(substance: &str) -> Words {
         if w.is_empty() || is_stop_word(w) {
             continue;
         }
-        hashes.push(WORD_HASHER.hash_one(stem(w)));
-        if hashes.len() == MAX_WORDS {
-            // Distinct words count toward the cap, not repeats: a run of
-            // one word would fill it, and two messages opening with the
-            // same run would score as one set. (Sorted here, not checked
-            // word by word: most messages never reach the cap.)
-            hashes.sort_unstable();
-            hashes.dedup();
+        // Kept sorted and distinct: repeats do not count toward the cap (a
+        // run of one word would fill it, and two messages opening with the
+        // same run would score as one set), and a message of one word
+        // repeated costs a search a word, not a sort.
+        let hash = WORD_HASHER.hash_one(stem(w));
+        if let Err(at) = hashes.binary_search(&hash) {
+            hashes.insert(at, hash);
             if hashes.len() == MAX_WORDS {
                 break;
             }
@@ -281,6 +280,10 @@ mod tests {
         assert!(jaccard(&a, &b) < 0.6, "{}", jaccard(&a, &b));
         let many: Vec<String> = (0..100).map(|i| format!("w{i}")).collect();
         assert_eq!(words(&many.join(" ")).len(), MAX_WORDS);
+        // Two short of the cap, then a long run of one repeat (counted
+        // once): the word after it still counts.
+        let near = format!("{} {}last", many[..62].join(" "), "zz ".repeat(5000));
+        assert_eq!(words(&near).len(), MAX_WORDS);
     }
 
     #[test]

@@ -286,6 +286,35 @@ impl Loopguard {
         }
     }
 
+    /// Like [`Loopguard::spawn`], with the config read from a pipe
+    /// (`--config /dev/stdin`), written and closed at once, as
+    /// `--config <(envsubst < t.toml)` gives it.
+    pub fn spawn_piped(url: &str, toml: &str) -> Loopguard {
+        use std::io::Write;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = dir.path().join("loopguard.log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_loopguard"));
+        clear_loopguard_env(&mut cmd);
+        let mut child = cmd
+            .args(["--config", "/dev/stdin"])
+            .env("RUST_LOG", "loopguard=debug")
+            .env("LOOPGUARD__NATS__URL", url)
+            .env("LOOPGUARD__HTTP__LISTEN", "127.0.0.1:0")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("loopguard starts");
+        let mut stdin = child.stdin.take().expect("its stdin");
+        stdin.write_all(toml.as_bytes()).expect("config written");
+        drop(stdin);
+        Loopguard {
+            child,
+            _dir: dir,
+            log,
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
