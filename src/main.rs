@@ -46,9 +46,39 @@ fn init_logs(log: &loopguard::config::LogConfig) {
     }
 }
 
+/// Lines the log writer holds while standard error does not take them;
+/// past that they are dropped (a few MiB of lines at most).
+const LOG_LINES_BUFFERED: usize = 16_384;
+
+/// The log writer's thread, which writes what is still queued when this
+/// guard is dropped ([`flush_logs`]): kept here, as `process::exit` runs no
+/// destructors.
+static LOG_WRITER: std::sync::Mutex<Option<tracing_appender::non_blocking::WorkerGuard>> =
+    std::sync::Mutex::new(None);
+
+/// Writes the log lines still queued (waiting at most about a second for a
+/// standard error that does not take them), before an exit.
+fn flush_logs() {
+    let guard = LOG_WRITER.lock().ok().and_then(|mut held| held.take());
+    drop(guard);
+}
+
 fn init_format(log: &loopguard::config::LogConfig, filter: tracing_subscriber::EnvFilter) {
+    // Written by a thread of its own, through a bounded queue that drops
+    // lines when full: a standard error that takes nothing (a log shipper
+    // that stalled) then costs log lines, not decisions; written from the
+    // runtime's threads, a full pipe blocked them, and loopguard stopped
+    // deciding and did not answer SIGTERM.
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .buffered_lines_limit(LOG_LINES_BUFFERED)
+        .lossy(true)
+        .thread_name("loopguard-log")
+        .finish(std::io::stderr());
+    if let Ok(mut held) = LOG_WRITER.lock() {
+        *held = Some(guard);
+    }
     let builder = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         // A log line that cannot be written (standard error a pipe whose
         // reader is gone) is lost, not reported: the report goes to
         // standard error too, with eprintln!, whose panic took the logging
@@ -114,6 +144,7 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             fatal("cannot start the runtime", &e);
+            flush_logs();
             return ExitCode::FAILURE;
         }
     };
@@ -151,6 +182,7 @@ fn main() -> ExitCode {
                             signal,
                             "shutdown: second signal, exiting now with work left"
                         );
+                        flush_logs();
                         std::process::exit(1);
                     }
                     tracing::info!(
@@ -164,13 +196,16 @@ fn main() -> ExitCode {
         Some(reload),
     ));
     runtime.shutdown_timeout(loopguard::app::RUNTIME_STOP_BOUND);
-    match result {
+    let code = match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             fatal("loopguard stopped", &e);
             ExitCode::FAILURE
         }
-    }
+    };
+    // Every line logged, the last included, is written before the exit.
+    flush_logs();
+    code
 }
 
 /// Says why the configuration cannot be used, on standard error; one that

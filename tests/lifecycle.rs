@@ -739,6 +739,87 @@ async fn sigterm_stops_loopguard_whose_log_pipe_is_closed() {
     assert_eq!(status.code(), Some(0));
 }
 
+/// Logs written to a pipe whose reader is alive but reads nothing (a
+/// stalled log shipper): once the pipe is full, log lines are dropped, not
+/// waited for, and messages are still decided. Until 2026-11-24 a log
+/// write blocked the runtime's thread: loopguard stopped deciding after
+/// about 64 KiB of log, and SIGTERM went unanswered.
+#[tokio::test]
+async fn a_stalled_log_pipe_does_not_stop_decisions() {
+    use futures::StreamExt;
+    const N: usize = 3000;
+    let nats = NatsServer::start();
+    let client = within("connect", async_nats::connect(nats.url()))
+        .await
+        .unwrap();
+    let mut events = client.subscribe("chat.events.w").await.unwrap();
+    within("subscribed", client.flush()).await.unwrap();
+    let (held, port) = support::reserve_port();
+    drop(held);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(&config, "").unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_loopguard"));
+    support::clear_loopguard_env(&mut cmd);
+    let mut child = cmd
+        .arg("--config")
+        .arg(&config)
+        // A line for each rejection: far more than a pipe holds.
+        .env("RUST_LOG", "loopguard=debug")
+        .env("LOOPGUARD__NATS__URL", nats.url())
+        .env("LOOPGUARD__HTTP__LISTEN", format!("127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("loopguard starts");
+    // Held open, never read.
+    let _stalled = child.stderr.take().unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    within("loopguard to listen", async {
+        while tokio::net::TcpStream::connect(&addr).await.is_err() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    support::until_readyz(&addr, 200).await;
+    // One agent saying the same thing: all but the first are duplicates,
+    // each rejected with a log line and an event.
+    for _ in 0..N {
+        client
+            .publish("chat.raw.w.agent.a", "the same words".into())
+            .await
+            .unwrap();
+    }
+    let decided = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        let mut n = 0;
+        while n < N && events.next().await.is_some() {
+            n += 1;
+        }
+        n
+    })
+    .await;
+    let pid = child.id().to_string();
+    let _ = Command::new("kill").args(["-TERM", &pid]).status();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let exited = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(decided.ok(), Some(N), "not every message was decided");
+    assert_eq!(
+        exited.and_then(|s| s.code()),
+        Some(0),
+        "SIGTERM did not stop it"
+    );
+}
+
 /// A subscription the server's permissions refuse: loopguard says so and
 /// stays unready (nothing comes in on it), where it said ready before.
 #[tokio::test]
@@ -798,6 +879,9 @@ async fn a_refused_policy_request_under_the_prefix_is_logged_not_counted_as_a_dr
     })
     .await;
     assert_eq!(refused, 1.0, "the event alone\n{}", lg.logs());
+    // Logged before it was counted; written by the log's own thread.
+    lg.until_logged("the server refused a publish loopguard needs", 1)
+        .await;
     let logs = lg.logs();
     assert!(
         logs.contains("the server refused a publish loopguard needs")
@@ -998,6 +1082,7 @@ async fn authenticates_to_nats_with_user_password_token_or_url_credentials_and_n
     assert_eq!(support::http(&addr, "GET", "/readyz", &[]).await.0, 503);
 
     for lg in [&with_keys, &with_url, &wrong, &with_token, &with_token_url] {
+        lg.until_logged("attempting connection", 1).await;
         let logs = lg.logs();
         assert!(logs.contains("attempting connection"), "{logs}");
         for s in [secret, token, "nope"] {

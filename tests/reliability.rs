@@ -374,6 +374,7 @@ async fn kill_9_mid_stream_then_restart_leaves_every_approved_message_exactly_on
 
     let second = Loopguard::spawn(&nats.url(), &killed_config);
     second.until_ready().await;
+    second.until_logged("egress answered by a stream", 1).await;
     let logs = second.logs();
     assert!(
         logs.contains(
@@ -499,6 +500,7 @@ async fn a_nats_restart_mid_traffic_loses_nothing() {
     until_stream_holds(&js, "EGRESS", N as u64, &lg).await;
     until_ingest_acknowledged(&js, &lg).await;
     assert_eq!(stream_messages(&js, "EGRESS").await, N as u64);
+    lg.until_logged("reconnected to NATS", 1).await;
     let logs = lg.logs();
     assert!(logs.contains("reconnected to NATS"), "{logs}");
     // The restart landed while messages were in flight: some had to be
@@ -557,6 +559,7 @@ async fn egress_acks_acknowledge_only_what_the_stream_answered() {
     egress_stream(&js).await;
     until_ingest_acknowledged(&js, &lg).await;
     assert_eq!(stream_messages(&js, "EGRESS").await, N as u64);
+    lg.until_logged("no answer from a stream", 1).await;
     let logs = lg.logs();
     assert!(logs.contains("no answer from a stream"), "{logs}");
 }
@@ -645,6 +648,7 @@ async fn egress_acks_leave_no_ack_streams_to_the_flush() {
     lg.until_ready().await;
     publish_messages(&js, 0..10).await;
     until_ingest_acknowledged(&js, &lg).await;
+    lg.until_logged("does not answer publishes", 1).await;
     let logs = lg.logs();
     assert!(
         logs.contains("does not answer publishes") && logs.contains("stream=SILENT"),
@@ -735,6 +739,7 @@ async fn a_copy_the_server_s_permissions_refuse_is_counted_not_redelivered() {
     publish_each(&js, 6..7, |_| "chat.raw.w0.robot.r".into()).await;
     until_ingest_acknowledged(&js, &lg).await;
     // Settled at the refusal: no wait for an answer timed out first.
+    lg.until_logged("message rejected", 1).await;
     let logs = lg.logs();
     assert!(logs.contains("message rejected"), "{logs}");
     assert!(!logs.contains(loopguard::publish::NO_ANSWER), "{logs}");
@@ -788,6 +793,8 @@ async fn egress_acks_with_a_stream_on_part_of_a_family_flush_that_family() {
             .await
             .expect("a copy");
     }
+    lg.until_logged("a stream captures part of an egress family", 1)
+        .await;
     let logs = lg.logs();
     assert!(
         logs.contains("a stream captures part of an egress family")
@@ -1789,6 +1796,7 @@ async fn an_ingest_stream_lost_with_a_server_restart_is_set_up_again() {
     until_stream_holds(&js, "EGRESS", N as u64, &lg).await;
     until_ingest_acknowledged(&js, &lg).await;
     // Its sequences started again: decisions held by the old ones are gone.
+    lg.until_logged("the stream was created again", 1).await;
     assert!(
         lg.logs().contains("the stream was created again"),
         "{}",
@@ -2013,6 +2021,7 @@ async fn a_lost_consumer_is_not_ready_until_it_is_open_again() {
         lg.logs()
     );
     assert_eq!(scrape.get("loopguard_ready", &[]), 0.0, "{}", lg.logs());
+    lg.until_logged("opening the consumer again", 1).await;
     assert!(
         lg.logs().contains("opening the consumer again"),
         "{}",

@@ -359,6 +359,11 @@ impl Loopguard {
         .await
     }
 
+    /// What loopguard has logged so far. Its log is written by a thread of
+    /// its own: a line logged before some other sign (a message, a
+    /// metric) may reach the file a moment after it, so a test that needs
+    /// a line waits for it ([`Loopguard::until_logged`]); lines come in the
+    /// order they were logged, and all are written before loopguard exits.
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
