@@ -90,14 +90,7 @@ pub fn http_write_timeout() -> Option<Duration> {
 /// acts inside that window for certain, which is otherwise a few
 /// microseconds.
 pub async fn hold_start() {
-    let Some(release) = std::env::var_os("LOOPGUARD_TEST_HOLD_START") else {
-        return;
-    };
-    tracing::warn!(release = ?release, "test fault: start held");
-    let until = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !std::path::Path::new(&release).exists() && tokio::time::Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    hold_until_released("LOOPGUARD_TEST_HOLD_START", "test fault: start held").await;
 }
 
 /// Holds up the JetStream intake's reopening of a lost consumer, after it
@@ -105,10 +98,16 @@ pub async fn hold_start() {
 /// exists (at most a minute): a test then reads `/readyz` between the loss
 /// and the reopening for certain, which can otherwise be milliseconds.
 pub async fn hold_reopen() {
-    let Some(release) = std::env::var_os("LOOPGUARD_TEST_HOLD_REOPEN") else {
+    hold_until_released("LOOPGUARD_TEST_HOLD_REOPEN", "test fault: reopening held").await;
+}
+
+/// Waits, when `var` names a file, until that file exists (at most a
+/// minute), having logged `held`.
+async fn hold_until_released(var: &str, held: &'static str) {
+    let Some(release) = std::env::var_os(var) else {
         return;
     };
-    tracing::warn!(release = ?release, "test fault: reopening held");
+    tracing::warn!(release = ?release, "{held}");
     let until = tokio::time::Instant::now() + Duration::from_secs(60);
     while !std::path::Path::new(&release).exists() && tokio::time::Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(10)).await;

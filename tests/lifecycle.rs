@@ -677,21 +677,7 @@ async fn sigterm_before_nats_was_ever_reached_stops_loopguard() {
 async fn sigterm_stops_loopguard_whose_log_pipe_is_closed() {
     use std::io::BufRead;
     let nats = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("c.toml");
-    std::fs::write(&config, "").unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_loopguard"));
-    support::clear_loopguard_env(&mut cmd);
-    let mut child = cmd
-        .arg("--config")
-        .arg(&config)
-        .env("RUST_LOG", "loopguard=debug")
-        .env("LOOPGUARD__NATS__URL", nats.url())
-        .env("LOOPGUARD__HTTP__LISTEN", "127.0.0.1:0")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("loopguard starts");
+    let mut child = spawn_logging_to_a_pipe(&nats.url(), "127.0.0.1:0");
     // Read until it is subscribed, then close the pipe's only reader.
     let stderr = child.stderr.take().unwrap();
     let reading = std::thread::spawn(move || {
@@ -713,30 +699,45 @@ async fn sigterm_stops_loopguard_whose_log_pipe_is_closed() {
     .await
     .unwrap();
     assert!(subscribed, "{seen}");
-    let pid = child.id().to_string();
-    let signal = |name: &str| {
-        Command::new("kill")
-            .args([&format!("-{name}"), &pid])
-            .status()
-            .expect("kill runs");
-    };
-    signal("TERM");
+    assert_eq!(
+        terminated_within_30_s(&mut child).await,
+        Some(0),
+        "SIGTERM did not stop loopguard with its log pipe closed"
+    );
+}
+
+/// Starts loopguard (debug logs, default config, HTTP on `listen`) with
+/// its standard error a pipe the test holds.
+fn spawn_logging_to_a_pipe(url: &str, listen: &str) -> std::process::Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_loopguard"));
+    support::clear_loopguard_env(&mut cmd);
+    cmd.env("RUST_LOG", "loopguard=debug")
+        .env("LOOPGUARD__NATS__URL", url)
+        .env("LOOPGUARD__HTTP__LISTEN", listen)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("loopguard starts")
+}
+
+/// Sends SIGTERM, and gives its exit code if it exits within 30 s (else
+/// kills it: `None`).
+async fn terminated_within_30_s(child: &mut std::process::Child) -> Option<i32> {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let status = loop {
+    loop {
         if let Some(status) = child.try_wait().expect("wait") {
-            break Some(status);
+            return status.code();
         }
         if std::time::Instant::now() > deadline {
-            break None;
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
-    let Some(status) = status else {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("SIGTERM did not stop loopguard in 30 s with its log pipe closed");
-    };
-    assert_eq!(status.code(), Some(0));
+    }
 }
 
 /// Logs written to a pipe whose reader is alive but reads nothing (a
@@ -756,22 +757,8 @@ async fn a_stalled_log_pipe_does_not_stop_decisions() {
     within("subscribed", client.flush()).await.unwrap();
     let (held, port) = support::reserve_port();
     drop(held);
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("c.toml");
-    std::fs::write(&config, "").unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_loopguard"));
-    support::clear_loopguard_env(&mut cmd);
-    let mut child = cmd
-        .arg("--config")
-        .arg(&config)
-        // A line for each rejection: far more than a pipe holds.
-        .env("RUST_LOG", "loopguard=debug")
-        .env("LOOPGUARD__NATS__URL", nats.url())
-        .env("LOOPGUARD__HTTP__LISTEN", format!("127.0.0.1:{port}"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("loopguard starts");
+    // A debug line for each rejection: far more than a pipe holds.
+    let mut child = spawn_logging_to_a_pipe(&nats.url(), &format!("127.0.0.1:{port}"));
     // Held open, never read.
     let _stalled = child.stderr.take().unwrap();
     let addr = format!("127.0.0.1:{port}");
@@ -798,26 +785,9 @@ async fn a_stalled_log_pipe_does_not_stop_decisions() {
         n
     })
     .await;
-    let pid = child.id().to_string();
-    let _ = Command::new("kill").args(["-TERM", &pid]).status();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let exited = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break Some(status);
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
+    let exited = terminated_within_30_s(&mut child).await;
     assert_eq!(decided.ok(), Some(N), "not every message was decided");
-    assert_eq!(
-        exited.and_then(|s| s.code()),
-        Some(0),
-        "SIGTERM did not stop it"
-    );
+    assert_eq!(exited, Some(0), "SIGTERM did not stop it");
 }
 
 /// A subscription the server's permissions refuse: loopguard says so and
